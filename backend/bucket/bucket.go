@@ -1,0 +1,160 @@
+package bucket
+
+import (
+	"math"
+	"math/bits"
+)
+
+// State is the stored state of one limit of a bucket.
+//
+// The zero State is an empty bucket whose clock stands at the epoch; use
+// Full for a bucket that has never been seen.
+type State struct {
+	// Tokens held, in millitokens. 0 <= Tokens <= Burst after any function
+	// of this package has touched the state.
+	Tokens int64
+	// Clock is the time (epoch milliseconds) up to which refill has been
+	// credited. It only moves by the time that was actually turned into
+	// tokens, so no fraction of a token is lost between calls, and it is
+	// never later than the now it was computed at.
+	Clock int64
+	// Consumed counts the millitokens ever consumed (refill never touches
+	// it). It saturates instead of overflowing.
+	Consumed int64
+}
+
+// Full is the state of a bucket seen for the first time at now.
+func Full(l Limit, now int64) State {
+	return State{Tokens: l.Burst, Clock: now}
+}
+
+// quantum returns the smallest step of time (ms) that refills a whole
+// number of millitokens, and that number. Refilling in these steps is exact:
+// the clock advances by precisely the time the credited tokens stand for.
+// Rates are whole tokens per whole seconds, so a step is at most 1/1000 of
+// the period.
+func quantum(l Limit) (dt, da int64) {
+	g := gcd(l.Amount, l.Period)
+	return l.Period / g, l.Amount / g
+}
+
+func gcd(a, b int64) int64 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// Refill credits the tokens that accrued between s.Clock and now. A bucket
+// that reaches its burst is full, and a full bucket's clock moves to now:
+// time spent full is never credited later (the back-dating pitfall).
+func Refill(l Limit, s State, now int64) State {
+	if s.Tokens >= l.Burst {
+		s.Tokens, s.Clock = l.Burst, now
+		return s
+	}
+	if s.Tokens < 0 {
+		s.Tokens = 0
+	}
+	if s.Clock > now {
+		// Another writer's clock ran ahead of ours; credit nothing rather
+		// than move the clock backwards.
+		return s
+	}
+	if l.Amount == 0 {
+		return s
+	}
+	dt, da := quantum(l)
+	steps := (now - s.Clock) / dt
+	need := ceilDiv(l.Burst-s.Tokens, da)
+	if steps >= need {
+		s.Tokens, s.Clock = l.Burst, now
+		return s
+	}
+	s.Tokens += steps * da
+	s.Clock += steps * dt
+	return s
+}
+
+// Cost is what a request of hits costs limit l, in millitokens. Zero hits
+// cost nothing (a check). A PerRequest limit costs one token for any
+// positive hits. Hits beyond any possible burst are clamped to one token
+// more than the largest burst, so the product cannot overflow and the
+// request is still denied.
+func Cost(l Limit, hits uint64) int64 {
+	switch {
+	case hits == 0:
+		return 0
+	case l.PerRequest:
+		return Milli
+	case hits > uint64(MaxTokens):
+		return (MaxTokens + 1) * Milli
+	}
+	return int64(hits) * Milli
+}
+
+// refundAmount is what a refund of hits gives back to l. Per-request limits
+// count requests, and a refund does not undo the request, so it gives
+// nothing back to them.
+func refundAmount(l Limit, hits uint64) int64 {
+	if l.PerRequest {
+		return 0
+	}
+	return Cost(l, hits)
+}
+
+// Never is the wait reported when no amount of waiting will do: the cost
+// exceeds the burst, or the limit never refills.
+const Never = int64(-1)
+
+// Wait is how long (ms) after now until s holds at least need millitokens,
+// for a state already refilled at now. It is 0 when s already does and
+// Never when it never will.
+func Wait(l Limit, s State, need, now int64) int64 {
+	deficit := need - s.Tokens
+	if deficit <= 0 {
+		return 0
+	}
+	if need > l.Burst || l.Amount == 0 {
+		return Never
+	}
+	dt, da := quantum(l)
+	steps := ceilDiv(deficit, da)
+	hi, lo := bits.Mul64(uint64(steps), uint64(dt))
+	if hi != 0 || lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	// The time since the clock already counts towards the next step.
+	elapsed := max(now-s.Clock, 0)
+	return int64(lo) - min(elapsed, int64(lo)-1)
+}
+
+// TimeToFill is how long (ms) an empty limit takes to refill to its burst,
+// the time_to_fill of ADR-119, rounded up; Never when it never refills.
+func TimeToFill(l Limit) int64 {
+	if l.Burst == 0 {
+		return 0
+	}
+	if l.Amount == 0 {
+		return Never
+	}
+	hi, lo := bits.Mul64(uint64(l.Burst), uint64(l.Period))
+	if hi >= uint64(l.Amount) {
+		return math.MaxInt64
+	}
+	q, r := bits.Div64(hi, lo, uint64(l.Amount))
+	if r != 0 {
+		q++
+	}
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(q)
+}
+
+func ceilDiv(a, b int64) int64 {
+	if a <= 0 {
+		return 0
+	}
+	return (a + b - 1) / b
+}

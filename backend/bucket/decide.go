@@ -1,0 +1,142 @@
+package bucket
+
+import (
+	"math"
+	"math/bits"
+)
+
+// Result is what one decision found for one limit of the bucket.
+type Result struct {
+	// Cost asked of this limit, in millitokens.
+	Cost int64
+	// Tokens left after the decision, in millitokens.
+	Tokens int64
+	// Allowed reports whether this limit alone had the tokens.
+	Allowed bool
+	// Wait in milliseconds: for a limit that lacked tokens, until it will
+	// have them (Never if it never will); otherwise until it is full again.
+	Wait int64
+}
+
+// Decide refills every limit to now and admits the request of hits only if
+// every limit has the tokens it costs; then it consumes from every limit.
+// A denied request consumes nothing. states is updated in place (refill is
+// applied either way, which changes no future decision) and results, which
+// must have the length of limits, receives one Result per limit. A store
+// that persists states may skip the write when Decide returns false.
+func Decide(limits []Limit, states []State, hits uint64, now int64, results []Result) bool {
+	allowed := true
+	for i, l := range limits {
+		states[i] = Refill(l, states[i], now)
+		c := Cost(l, hits)
+		ok := states[i].Tokens >= c
+		results[i] = Result{Cost: c, Allowed: ok}
+		allowed = allowed && ok
+	}
+	for i, l := range limits {
+		r := &results[i]
+		if allowed {
+			states[i].Tokens -= r.Cost
+			states[i].Consumed = satAdd(states[i].Consumed, r.Cost)
+		}
+		r.Tokens = states[i].Tokens
+		if r.Allowed {
+			r.Wait = Wait(l, states[i], l.Burst, now)
+		} else {
+			r.Wait = Wait(l, states[i], r.Cost, now)
+		}
+	}
+	return allowed
+}
+
+// Refund gives hits back to every limit (an is_negative_hits request),
+// refilling first and never lifting a limit above its burst. results
+// receives the state after the refund, as for an allowed decision.
+func Refund(limits []Limit, states []State, hits uint64, now int64, results []Result) {
+	for i, l := range limits {
+		s := Refill(l, states[i], now)
+		s.Tokens = min(l.Burst, s.Tokens+refundAmount(l, hits))
+		if s.Tokens == l.Burst {
+			s.Clock = now
+		}
+		states[i] = s
+		results[i] = Result{Tokens: s.Tokens, Allowed: true, Wait: Wait(l, s, l.Burst, now)}
+	}
+}
+
+// Binding picks the limit that explains a decision: of the limits that
+// denied it, the one with the longest wait; when nothing denied, the one
+// with the fewest tokens left relative to its burst. Ties go to the first.
+// It returns -1 for an empty bucket.
+func Binding(limits []Limit, results []Result) int {
+	best := -1
+	for i := range limits {
+		if best < 0 {
+			best = i
+			continue
+		}
+		r, b := results[i], results[best]
+		switch {
+		case !r.Allowed && b.Allowed:
+			best = i
+		case !r.Allowed && !b.Allowed:
+			if longer(r.Wait, b.Wait) {
+				best = i
+			}
+		case r.Allowed && b.Allowed:
+			if lessFull(r.Tokens, limits[i].Burst, b.Tokens, limits[best].Burst) {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// longer orders waits with Never as the longest.
+func longer(a, b int64) bool {
+	if b == Never {
+		return false
+	}
+	return a == Never || a > b
+}
+
+// lessFull reports whether t1/b1 < t2/b2 without division or overflow. An
+// empty burst counts as empty.
+func lessFull(t1, b1, t2, b2 int64) bool {
+	if b1 == 0 || b2 == 0 {
+		return b1 == 0 && b2 != 0
+	}
+	h1, l1 := bits.Mul64(uint64(t1), uint64(b2))
+	h2, l2 := bits.Mul64(uint64(t2), uint64(b1))
+	return h1 < h2 || (h1 == h2 && l1 < l2)
+}
+
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// Reconcile carries a bucket's states over to a changed set of limits
+// (raised, lowered, added or removed), matching limits by name. A kept
+// limit is refilled at its old rate up to now, then capped at its new
+// burst; a new limit starts full; a removed limit is dropped.
+func Reconcile(old []Limit, states []State, limits []Limit, now int64) []State {
+	next := make([]State, len(limits))
+	for i, l := range limits {
+		next[i] = Full(l, now)
+		for j, o := range old {
+			if o.Name != l.Name {
+				continue
+			}
+			s := Refill(o, states[j], now)
+			if s.Tokens >= l.Burst {
+				s.Tokens, s.Clock = l.Burst, now
+			}
+			next[i] = s
+			break
+		}
+	}
+	return next
+}

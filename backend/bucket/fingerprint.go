@@ -1,0 +1,34 @@
+package bucket
+
+import (
+	"encoding/binary"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Fingerprint identifies a set of limits independently of their order. A
+// stored bucket keeps the fingerprint of the limits it was built from, so a
+// changed config is noticed on the bucket's next write (the cfg attribute).
+func Fingerprint(limits []Limit) string {
+	sorted := slices.Clone(limits)
+	slices.SortFunc(sorted, func(a, b Limit) int { return strings.Compare(a.Name, b.Name) })
+	h := fnv.New64a()
+	var buf [8]byte
+	for _, l := range sorted {
+		binary.BigEndian.PutUint64(buf[:], uint64(len(l.Name)))
+		h.Write(buf[:])
+		h.Write([]byte(l.Name))
+		for _, v := range []int64{l.Amount, l.Period, l.Burst} {
+			binary.BigEndian.PutUint64(buf[:], uint64(v))
+			h.Write(buf[:])
+		}
+		if l.PerRequest {
+			h.Write([]byte{1})
+		} else {
+			h.Write([]byte{0})
+		}
+	}
+	return strconv.FormatUint(h.Sum64(), 36)
+}

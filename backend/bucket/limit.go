@@ -1,0 +1,166 @@
+package bucket
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Milli is the number of millitokens in one token. Every token quantity in
+// this package is in millitokens so that fractional refill is never rounded
+// away between calls.
+const Milli = 1000
+
+// Durations of the units a rate may be written in, in milliseconds. A month
+// is 30 days and a year 365 days, as in envoyproxy/ratelimit.
+const (
+	Second = int64(1000)
+	Minute = 60 * Second
+	Hour   = 60 * Minute
+	Day    = 24 * Hour
+	Week   = 7 * Day
+	Month  = 30 * Day
+	Year   = 365 * Day
+)
+
+// Upper bounds that keep every product in this package inside int64. They
+// are far above any real rate limit (a trillion tokens, ten years).
+const (
+	MaxTokens = int64(1) << 40 // whole tokens in an amount or a burst
+	MaxPeriod = 10 * Year      // refill period
+)
+
+// Limit is one token-bucket limit of a bucket. A bucket (one entity and
+// resource) has one or more limits, each with its own refill clock; a
+// request passes only when every limit has the tokens it costs.
+//
+// The zero Limit is not valid: Period must be positive. Amount may be zero
+// (a limit that never refills; with a zero Burst it denies everything that
+// costs anything).
+type Limit struct {
+	// Name identifies the limit inside its bucket. It is an arbitrary
+	// non-empty string (it may hold '-' or '.'); the storage layer must
+	// never put it into an expression verbatim.
+	Name string
+	// Amount is the refill amount in millitokens per Period (the "rate"
+	// and, in stored items, the capacity cp).
+	Amount int64
+	// Period is the refill period in milliseconds.
+	Period int64
+	// Burst is the ceiling in millitokens: a full bucket holds Burst.
+	Burst int64
+	// PerRequest makes every request cost one token, whatever its hits.
+	// It lets a rule count requests beside a token budget (rpm + tpm).
+	PerRequest bool
+}
+
+// Validate reports whether l can be used for decisions.
+func (l Limit) Validate() error {
+	switch {
+	case l.Name == "":
+		return errors.New("limit has no name")
+	case l.Period <= 0 || l.Period > MaxPeriod:
+		return fmt.Errorf("limit %q: period %d ms out of range (1 ms to 10 years)", l.Name, l.Period)
+	case l.Amount < 0 || l.Amount > MaxTokens*Milli:
+		return fmt.Errorf("limit %q: rate amount out of range (0 to %d tokens)", l.Name, MaxTokens)
+	case l.Burst < 0 || l.Burst > MaxTokens*Milli:
+		return fmt.Errorf("limit %q: burst out of range (0 to %d tokens)", l.Name, MaxTokens)
+	}
+	return nil
+}
+
+// String renders the limit in the config syntax, e.g. "rpm=100/min burst=150".
+func (l Limit) String() string {
+	var b strings.Builder
+	b.WriteString(l.Name)
+	b.WriteByte('=')
+	b.WriteString(FormatRate(l.Amount, l.Period))
+	if l.Burst != l.Amount {
+		b.WriteString(" burst=")
+		b.WriteString(formatMilli(l.Burst))
+	}
+	if l.PerRequest {
+		b.WriteString(" cost=request")
+	}
+	return b.String()
+}
+
+var unitNames = map[string]int64{
+	"s": Second, "sec": Second, "second": Second, "seconds": Second,
+	"m": Minute, "min": Minute, "minute": Minute, "minutes": Minute,
+	"h": Hour, "hour": Hour, "hours": Hour,
+	"d": Day, "day": Day, "days": Day,
+	"w": Week, "week": Week, "weeks": Week,
+	"month": Month, "months": Month,
+	"y": Year, "year": Year, "years": Year,
+}
+
+// ParseUnit returns the length in milliseconds of a unit name such as
+// "second", "MINUTE" or "h". Names are case-insensitive.
+func ParseUnit(unit string) (int64, error) {
+	ms, ok := unitNames[strings.ToLower(strings.TrimSpace(unit))]
+	if !ok {
+		return 0, fmt.Errorf("unknown unit %q (want second, minute, hour, day, week, month or year)", unit)
+	}
+	return ms, nil
+}
+
+// ParseRate parses a rate written as "N/unit" or "N/Kunit", for example
+// "100/min", "5/10s" or "0/second", into millitokens per period and the
+// period in milliseconds. N is a whole number of tokens.
+func ParseRate(s string) (amount, period int64, err error) {
+	num, per, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if !ok {
+		return 0, 0, fmt.Errorf("rate %q: want N/unit, e.g. 100/min or 5/10s", s)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil || n < 0 || n > MaxTokens {
+		return 0, 0, fmt.Errorf("rate %q: amount must be a whole number from 0 to %d", s, MaxTokens)
+	}
+	per = strings.TrimSpace(per)
+	i := 0
+	for i < len(per) && per[i] >= '0' && per[i] <= '9' {
+		i++
+	}
+	mult := int64(1)
+	if i > 0 {
+		mult, err = strconv.ParseInt(per[:i], 10, 64)
+		if err != nil || mult <= 0 {
+			return 0, 0, fmt.Errorf("rate %q: period multiplier must be a positive whole number", s)
+		}
+	}
+	unit, err := ParseUnit(per[i:])
+	if err != nil {
+		return 0, 0, fmt.Errorf("rate %q: %w", s, err)
+	}
+	if mult > MaxPeriod/unit {
+		return 0, 0, fmt.Errorf("rate %q: period longer than 10 years", s)
+	}
+	return n * Milli, mult * unit, nil
+}
+
+// FormatRate renders millitokens per period the way ParseRate reads it,
+// choosing the largest unit that divides the period.
+func FormatRate(amount, period int64) string {
+	units := []struct {
+		ms   int64
+		name string
+	}{{Year, "year"}, {Month, "month"}, {Week, "week"}, {Day, "day"}, {Hour, "hour"}, {Minute, "min"}, {Second, "s"}}
+	for _, u := range units {
+		if period%u.ms == 0 {
+			if period == u.ms {
+				return formatMilli(amount) + "/" + u.name
+			}
+			return formatMilli(amount) + "/" + strconv.FormatInt(period/u.ms, 10) + u.name
+		}
+	}
+	return formatMilli(amount) + "/" + strconv.FormatInt(period, 10) + "ms"
+}
+
+func formatMilli(v int64) string {
+	if v%Milli == 0 {
+		return strconv.FormatInt(v/Milli, 10)
+	}
+	return strconv.FormatFloat(float64(v)/Milli, 'f', -1, 64)
+}
