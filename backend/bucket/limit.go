@@ -164,3 +164,39 @@ func formatMilli(v int64) string {
 	}
 	return strconv.FormatFloat(float64(v)/Milli, 'f', -1, 64)
 }
+
+// Spec is a limit as an operator writes it in a YAML file:
+// {name: tpm, rate: 100000/min, burst: 150000, cost: hits}.
+type Spec struct {
+	Name  string `yaml:"name" json:"name"`
+	Rate  string `yaml:"rate" json:"rate"`
+	Burst *int64 `yaml:"burst,omitempty" json:"burst,omitempty"`
+	Cost  string `yaml:"cost,omitempty" json:"cost,omitempty"`
+}
+
+// Limit checks the spec and turns it into a Limit. The burst defaults to
+// the rate's amount; cost is "hits" (the default) or "request".
+func (s Spec) Limit() (Limit, error) {
+	if s.Name == "" {
+		return Limit{}, errors.New("limit needs a name")
+	}
+	amount, period, err := ParseRate(s.Rate)
+	if err != nil {
+		return Limit{}, fmt.Errorf("limit %q: %w", s.Name, err)
+	}
+	l := Limit{Name: s.Name, Amount: amount, Period: period, Burst: amount}
+	if s.Burst != nil {
+		if *s.Burst < 0 || *s.Burst > MaxTokens {
+			return Limit{}, fmt.Errorf("limit %q: burst must be a whole number of tokens from 0 to %d", s.Name, MaxTokens)
+		}
+		l.Burst = *s.Burst * Milli
+	}
+	switch s.Cost {
+	case "", "hits":
+	case "request":
+		l.PerRequest = true
+	default:
+		return Limit{}, fmt.Errorf("limit %q: cost %q: want hits or request", s.Name, s.Cost)
+	}
+	return l, l.Validate()
+}

@@ -1,0 +1,65 @@
+// Package backend holds what every Sluice backend shares: the Backend
+// interface the service calls, the request and decision it exchanges, the
+// four-level resolution of a bucket's limits and the TTL rules of the
+// source ADRs. The backends themselves live in the subpackages (memory,
+// and later dynamodb); the arithmetic is in backend/bucket.
+//
+// A Request names one bucket (entity and resource, optionally a parent
+// entity to charge too) and carries the limits the mapping config gives it.
+// The backend resolves the limits that really apply (an operator's record
+// beats the file), decides with the bucket arithmetic and persists the
+// result, then answers with a Decision.
+package backend
+
+import (
+	"context"
+
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+// Backend decides and persists charges against token buckets. A Backend is
+// safe for concurrent use. Decide honours ctx's deadline: a backend that
+// cannot answer in time returns an error and the caller applies its
+// failure policy.
+type Backend interface {
+	Decide(ctx context.Context, req *Request) (Decision, error)
+}
+
+// Request asks for one charge against one bucket.
+type Request struct {
+	// Entity and Resource name the bucket.
+	Entity   string
+	Resource string
+	// Parent, when not empty, names an entity charged atomically with
+	// Entity (same resource): the request passes only if both buckets pass.
+	Parent string
+	// Defaults are the limits the mapping config gives this resource
+	// (level 3). They may be empty.
+	Defaults []bucket.Limit
+	// Hits is the request's weight; zero checks without consuming.
+	Hits uint64
+	// Refund gives Hits back instead of taking them.
+	Refund bool
+}
+
+// Decision is a backend's answer to a Request.
+type Decision struct {
+	// Allowed is false when any limit lacked the tokens.
+	Allowed bool
+	// Limits and Results cover every limit charged: the entity's bucket
+	// first, then the parent's. Both are empty when no level gave the
+	// bucket any limit (the request is not limited).
+	Limits  []bucket.Limit
+	Results []bucket.Result
+	// Binding indexes the limit that explains the decision (see
+	// bucket.Binding), or -1 when there are no limits.
+	Binding int
+	// Level is where the entity bucket's limits came from.
+	Level Level
+}
+
+// Limited reports whether any limit applied to the request.
+func (d Decision) Limited() bool { return d.Binding >= 0 }
+
+// NotLimited is the decision for a bucket that no level gives any limit.
+func NotLimited() Decision { return Decision{Allowed: true, Binding: -1} }

@@ -1,0 +1,40 @@
+package backend
+
+import (
+	"math"
+
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+// DefaultTTLMultiplier is ADR-119's factor: a default-sourced bucket lives
+// seven times as long as its slowest limit takes to fill.
+const DefaultTTLMultiplier = 7
+
+// BucketTTL is how long (ms) after a write a bucket may live, by the rules
+// of ADR-119 and ADR-128, and false when it must not expire:
+//   - limits from an operator-written entity config (no ttl on the config):
+//     no TTL, the operator's bucket is kept;
+//   - limits from a sync-written entity config, the entity default, the
+//     resource default or the system default: the longest time to fill
+//     over the limits, times multiplier.
+//
+// A multiplier <= 0 turns TTL management off (no bucket expires), and a
+// limit that never refills to a non-empty burst keeps its bucket, since
+// dropping it would hand out the burst again.
+func BucketTTL(r Resolved, multiplier int64) (int64, bool) {
+	if multiplier <= 0 || (r.Level == LevelEntity && !r.Synced) {
+		return 0, false
+	}
+	longest := int64(0)
+	for _, l := range r.Limits {
+		fill := bucket.TimeToFill(l)
+		if fill == bucket.Never {
+			return 0, false
+		}
+		longest = max(longest, fill)
+	}
+	if longest > math.MaxInt64/multiplier {
+		return math.MaxInt64, true
+	}
+	return longest * multiplier, true
+}
