@@ -15,7 +15,7 @@ import (
 // fakeClock is a settable clock in epoch milliseconds.
 type fakeClock struct{ ms atomic.Int64 }
 
-func (c *fakeClock) now() int64        { return c.ms.Load() }
+func (c *fakeClock) now() int64       { return c.ms.Load() }
 func (c *fakeClock) advance(ms int64) { c.ms.Add(ms) }
 
 func newTestBackend(t *testing.T, opts Options) (*Backend, *fakeClock) {

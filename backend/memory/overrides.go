@@ -38,8 +38,8 @@ type Overrides struct {
 }
 
 type overridesFile struct {
-	System    *limitsBlock                       `yaml:"system"`
-	Resources map[string]limitsBlock             `yaml:"resources"`
+	System    *limitsBlock                      `yaml:"system"`
+	Resources map[string]limitsBlock            `yaml:"resources"`
 	Entities  map[string]map[string]limitsBlock `yaml:"entities"`
 }
 
