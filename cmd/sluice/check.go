@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+type checkOptions struct {
+	addr        string
+	domain      string
+	descriptors []string
+	hits        uint32
+	timeout     time.Duration
+}
+
+func newCheckCommand() *cobra.Command {
+	var o checkOptions
+	cmd := &cobra.Command{
+		Use:   "check",
+		Short: "Ask a running Sluice for a decision, as Envoy would",
+		Long: `Send one ShouldRateLimit request and print the decision: the overall code,
+then for each descriptor its code, the limit that bound it, the whole tokens
+remaining and the seconds until it resets. Each --descriptor is one
+descriptor, its entries written key=value and separated by commas.
+A check that consumes (--hits 1, the default) counts like real traffic.`,
+		Example: `  sluice check --domain edge --descriptor remote_address=10.0.0.1
+  sluice check --addr sluice:8081 --domain api --descriptor api_key=k1,path=/v1/chat --hits 250`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := o.request()
+			if err != nil {
+				return usageError{err}
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
+			defer cancel()
+			resp, err := callShouldRateLimit(ctx, o.addr, req)
+			if err != nil {
+				return err
+			}
+			printDecision(cmd.OutOrStdout(), req, resp)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.addr, "addr", "localhost:8081", "gRPC address of Sluice")
+	f.StringVar(&o.domain, "domain", "", "rate-limit domain (required)")
+	f.StringArrayVar(&o.descriptors, "descriptor", nil, "a descriptor as key=value[,key=value...]; repeat for several")
+	f.Uint32Var(&o.hits, "hits", 1, "hits_addend of the request; 0 asks without consuming")
+	f.DurationVar(&o.timeout, "timeout", 2*time.Second, "deadline of the call")
+	return cmd
+}
+
+func (o checkOptions) request() (*rlsv3.RateLimitRequest, error) {
+	if o.domain == "" {
+		return nil, fmt.Errorf("--domain is required")
+	}
+	if len(o.descriptors) == 0 {
+		return nil, fmt.Errorf("give at least one --descriptor key=value")
+	}
+	req := &rlsv3.RateLimitRequest{Domain: o.domain, HitsAddend: o.hits}
+	for _, text := range o.descriptors {
+		d := &rlv3.RateLimitDescriptor{}
+		for _, pair := range strings.Split(text, ",") {
+			k, v, ok := strings.Cut(pair, "=")
+			if !ok || k == "" {
+				return nil, fmt.Errorf("--descriptor %q: want key=value[,key=value...]", text)
+			}
+			d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: k, Value: v})
+		}
+		if o.hits == 0 {
+			// A request-level zero means one; ask per descriptor to check.
+			d.HitsAddend = wrapperspb.UInt64(0)
+		}
+		req.Descriptors = append(req.Descriptors, d)
+	}
+	return req, nil
+}
+
+func callShouldRateLimit(ctx context.Context, addr string, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", addr, err)
+	}
+	defer conn.Close()
+	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("ShouldRateLimit on %s: %w", addr, err)
+	}
+	return resp, nil
+}
+
+func printDecision(w io.Writer, req *rlsv3.RateLimitRequest, resp *rlsv3.RateLimitResponse) {
+	fmt.Fprintf(w, "%s (domain %s)\n", resp.GetOverallCode(), req.GetDomain())
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DESCRIPTOR\tCODE\tLIMIT\tREMAINING\tRESET")
+	for i, st := range resp.GetStatuses() {
+		var entries []string
+		if i < len(req.Descriptors) {
+			for _, e := range req.Descriptors[i].Entries {
+				entries = append(entries, e.Key+"="+e.Value)
+			}
+		}
+		limit, remaining, reset := "-", "-", "-"
+		if l := st.GetCurrentLimit(); l != nil {
+			limit = fmt.Sprintf("%d/%s", l.RequestsPerUnit, strings.ToLower(l.Unit.String()))
+			if l.Name != "" {
+				limit += " (" + l.Name + ")"
+			}
+			remaining = fmt.Sprint(st.LimitRemaining)
+			reset = fmt.Sprintf("%ds", st.GetDurationUntilReset().GetSeconds())
+		} else if st.LimitRemaining == 1<<32-1 {
+			limit = "unlimited"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", strings.Join(entries, ","), st.GetCode(), limit, remaining, reset)
+	}
+	tw.Flush()
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		fmt.Fprintf(w, "%s: %s\n", h.Key, h.Value)
+	}
+}

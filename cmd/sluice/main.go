@@ -1,0 +1,94 @@
+// Command sluice is Envoy's external rate-limit service and the tools that
+// go with it: `sluice serve` runs the service, `sluice check` asks a
+// running service for a decision.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// usageError marks a mistake in the command line (exit code 2).
+type usageError struct{ error }
+
+// run executes the command line args and returns the exit code: 0 ok,
+// 1 failure, 2 usage.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := &cobra.Command{
+		Use:           "sluice",
+		Short:         "Sluice: Envoy's external rate-limit service, with token buckets",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetArgs(args)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(newServeCommand(), newCheckCommand())
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		return flagsFromEnv(cmd.Flags())
+	}
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(stderr, "sluice:", err)
+		var u usageError
+		if errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command") {
+			return 2
+		}
+		return 1
+	}
+	return 0
+}
+
+// flagsFromEnv sets every flag not given on the command line from its
+// environment variable: --grpc-addr is SLUICE_GRPC_ADDR.
+func flagsFromEnv(flags *pflag.FlagSet) error {
+	var errs []error
+	flags.VisitAll(func(f *pflag.Flag) {
+		if f.Changed || f.Name == "help" {
+			return
+		}
+		env := envName(f.Name)
+		if v, ok := os.LookupEnv(env); ok {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, usageError{fmt.Errorf("%s=%q: %w", env, v, err)})
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func envName(flag string) string {
+	return "SLUICE_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// newLogger builds the process logger from --log-level and --log-format.
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usageError{fmt.Errorf("--log-level %q: want debug, info, warn or error", level)}
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usageError{fmt.Errorf("--log-format %q: want text or json", format)}
+}

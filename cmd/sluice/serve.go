@@ -1,0 +1,326 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"sync/atomic"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/memory"
+	"github.com/sluice-rl/sluice/descriptors"
+	"github.com/sluice-rl/sluice/ratelimit"
+)
+
+// serveOptions are the flags of `sluice serve`.
+type serveOptions struct {
+	grpcAddr, httpAddr, debugAddr string
+	configDir                     string
+	backend                       string
+	overrides                     string
+	onBackendError                string
+	ttlMultiplier                 int64
+	memoryMaxBuckets              int
+	shadowMode                    bool
+	responseHeaders               bool
+	pprof                         bool
+	shutdownTimeout               time.Duration
+	logLevel, logFormat           string
+}
+
+func newServeCommand() *cobra.Command {
+	var o serveOptions
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the rate-limit service",
+		Long: `Run Sluice: Envoy's RateLimitService over gRPC, health and readiness over HTTP,
+and the loaded rules on the debug address. Every flag can also be set by an
+environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
+		Example: `  # the quick start: memory backend, example rules
+  sluice serve --config-dir examples/config
+
+  # a dry run in front of production traffic: decide and count, never deny
+  sluice serve --shadow-mode`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(cmd.ErrOrStderr(), o.logLevel, o.logFormat)
+			if err != nil {
+				return err
+			}
+			s, err := startServer(cmd.Context(), o, log)
+			if err != nil {
+				return err
+			}
+			return s.wait(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.grpcAddr, "grpc-addr", ":8081", "address of the gRPC RateLimitService (and gRPC health, reflection)")
+	f.StringVar(&o.httpAddr, "http-addr", ":8080", "address of /healthz and /readyz")
+	f.StringVar(&o.debugAddr, "debug-addr", "127.0.0.1:6070", "address of /debug/config (and pprof with --pprof); empty disables it")
+	f.StringVar(&o.configDir, "config-dir", "examples/config", "directory of rule files (*.yaml), hot-reloaded")
+	f.StringVar(&o.backend, "backend", "memory", "where buckets live: memory")
+	f.StringVar(&o.overrides, "overrides", "", "memory backend: YAML file of entity, resource and system limits")
+	f.StringVar(&o.onBackendError, "on-backend-error", "error", "answer when the backend fails or is late: error (UNAVAILABLE), allow or deny")
+	f.Int64Var(&o.ttlMultiplier, "ttl-multiplier", backend.DefaultTTLMultiplier, "idle buckets expire after this many times their time to fill; <= 0 never")
+	f.IntVar(&o.memoryMaxBuckets, "memory-max-buckets", memory.DefaultMaxBuckets, "memory backend: most buckets held; least recently used go first")
+	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
+	f.BoolVar(&o.responseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to responses")
+	f.BoolVar(&o.pprof, "pprof", false, "serve /debug/pprof/ on the debug address")
+	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls may take to finish")
+	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
+	return cmd
+}
+
+// server is a running `sluice serve`.
+type server struct {
+	log                     *slog.Logger
+	grpc                    *grpc.Server
+	health                  *health.Server
+	httpSrv, debugSrv       *http.Server
+	grpcLn, httpLn, debugLn net.Listener
+	rules                   *descriptors.Watcher
+	backend                 *memory.Backend
+	service                 *ratelimit.Service
+	shuttingDown            atomic.Bool
+	shutdownTimeout         time.Duration
+	errc                    chan error
+	stopWatch               context.CancelFunc
+}
+
+// startServer validates o, loads the rules, binds every listener and
+// starts serving. Bad flags and unloadable rules fail here, before any
+// port is served.
+func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server, error) {
+	policy, err := ratelimit.ParseFailurePolicy(o.onBackendError)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--on-backend-error: %w", err)}
+	}
+	if o.backend != "memory" {
+		return nil, usageError{fmt.Errorf("--backend %q: this build has only the memory backend", o.backend)}
+	}
+	var ov *memory.Overrides
+	if o.overrides != "" {
+		if ov, err = memory.LoadOverrides(o.overrides); err != nil {
+			return nil, err
+		}
+	}
+	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	rules, err := descriptors.Watch(watchCtx, o.configDir, log)
+	if err != nil {
+		stopWatch()
+		return nil, fmt.Errorf("loading rules from %s: %w", o.configDir, err)
+	}
+	s := &server{
+		log:             log,
+		rules:           rules,
+		backend:         memory.New(memory.Options{Overrides: ov, TTLMultiplier: o.ttlMultiplier, MaxBuckets: o.memoryMaxBuckets}),
+		shutdownTimeout: o.shutdownTimeout,
+		errc:            make(chan error, 3),
+		stopWatch:       stopWatch,
+	}
+	s.service = ratelimit.New(rules, s.backend, ratelimit.Options{
+		ShadowMode:      o.shadowMode,
+		OnBackendError:  policy,
+		ResponseHeaders: o.responseHeaders,
+		Logger:          log,
+	})
+	if err := s.listen(o); err != nil {
+		s.close()
+		return nil, err
+	}
+
+	s.grpc = grpc.NewServer()
+	ratelimit.Register(s.grpc, s.service)
+	s.health = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus("envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING)
+
+	s.httpSrv = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { s.errc <- s.grpc.Serve(s.grpcLn) }()
+	go func() { s.errc <- ignoreClosed(s.httpSrv.Serve(s.httpLn)) }()
+	if s.debugLn != nil {
+		s.debugSrv = &http.Server{Handler: s.debugHandler(o.pprof), ReadHeaderTimeout: 5 * time.Second}
+		go func() { s.errc <- ignoreClosed(s.debugSrv.Serve(s.debugLn)) }()
+	}
+	log.Info("sluice serving",
+		slog.String("grpc", s.grpcLn.Addr().String()), slog.String("http", s.httpLn.Addr().String()),
+		slog.String("debug", addrOf(s.debugLn)), slog.String("backend", o.backend),
+		slog.String("config_dir", o.configDir), slog.Int("domains", len(rules.Current().Domains())),
+		slog.String("on_backend_error", policy.String()), slog.Bool("shadow_mode", o.shadowMode))
+	return s, nil
+}
+
+func (s *server) listen(o serveOptions) error {
+	var err error
+	if s.grpcLn, err = net.Listen("tcp", o.grpcAddr); err != nil {
+		return fmt.Errorf("--grpc-addr: %w", err)
+	}
+	if s.httpLn, err = net.Listen("tcp", o.httpAddr); err != nil {
+		return fmt.Errorf("--http-addr: %w", err)
+	}
+	if o.debugAddr != "" {
+		if s.debugLn, err = net.Listen("tcp", o.debugAddr); err != nil {
+			return fmt.Errorf("--debug-addr: %w", err)
+		}
+	}
+	return nil
+}
+
+// wait serves until ctx is done (SIGTERM, SIGINT) or a listener fails,
+// then shuts down gracefully: readiness goes false, gRPC health reports
+// NOT_SERVING, in-flight calls get shutdownTimeout to finish.
+func (s *server) wait(ctx context.Context) error {
+	var err error
+	select {
+	case <-ctx.Done():
+		s.log.Info("shutting down", slog.Duration("timeout", s.shutdownTimeout))
+	case err = <-s.errc:
+		s.log.Error("server failed", slog.Any("error", err))
+	}
+	s.shutdown()
+	return err
+}
+
+func (s *server) shutdown() {
+	s.shuttingDown.Store(true)
+	s.health.Shutdown()
+	done := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.shutdownTimeout):
+		s.log.Warn("in-flight calls did not finish in time; closing")
+		s.grpc.Stop()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s.httpSrv.Shutdown(ctx)
+	if s.debugSrv != nil {
+		s.debugSrv.Shutdown(ctx)
+	}
+	s.close()
+}
+
+func (s *server) close() {
+	for _, ln := range []net.Listener{s.grpcLn, s.httpLn, s.debugLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+	s.stopWatch()
+	s.backend.Close()
+}
+
+func (s *server) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.ready(r.Context()); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+// ready is true when the rules are loaded, the backend answers and the
+// process is not shutting down.
+func (s *server) ready(ctx context.Context) error {
+	if s.shuttingDown.Load() {
+		return errors.New("shutting down")
+	}
+	if s.rules.Current() == nil {
+		return errors.New("rules not loaded")
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := s.backend.Ping(ctx); err != nil {
+		return fmt.Errorf("backend: %w", err)
+	}
+	return nil
+}
+
+func (s *server) debugHandler(withPprof bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(describe(s.rules, s.service))
+	})
+	if withPprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}
+
+// configView is the JSON of /debug/config.
+type configView struct {
+	Fingerprint string                  `json:"fingerprint"`
+	Domains     []string                `json:"domains"`
+	Rules       []ruleView              `json:"rules"`
+	Reloads     descriptors.ReloadStats `json:"reloads"`
+	Decisions   ratelimit.Stats         `json:"decisions"`
+}
+
+type ruleView struct {
+	Domain    string   `json:"domain"`
+	Path      string   `json:"path"`
+	Source    string   `json:"source"`
+	Name      string   `json:"name,omitempty"`
+	Limits    []string `json:"limits,omitempty"`
+	Unlimited bool     `json:"unlimited,omitempty"`
+	Shadow    bool     `json:"shadow_mode,omitempty"`
+	Replaces  []string `json:"replaces,omitempty"`
+}
+
+func describe(rules *descriptors.Watcher, svc *ratelimit.Service) configView {
+	cfg := rules.Current()
+	v := configView{Fingerprint: cfg.Fingerprint(), Domains: cfg.Domains(), Reloads: rules.Stats(), Decisions: svc.Stats()}
+	for _, r := range cfg.Rules() {
+		rv := ruleView{Domain: r.Domain, Path: r.Path, Source: fmt.Sprintf("%s:%d", r.File, r.Line),
+			Name: r.Name, Unlimited: r.Unlimited, Shadow: r.ShadowMode, Replaces: r.Replaces}
+		for _, l := range r.Limits {
+			rv.Limits = append(rv.Limits, l.String())
+		}
+		v.Rules = append(v.Rules, rv)
+	}
+	return v
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func addrOf(ln net.Listener) string {
+	if ln == nil {
+		return "off"
+	}
+	return ln.Addr().String()
+}

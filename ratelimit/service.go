@@ -1,0 +1,196 @@
+// Package ratelimit is Sluice's gRPC face: it serves Envoy's
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit. For each
+// request it validates the input, asks the mapping config which rule and
+// bucket each descriptor maps to, asks the backend to decide, and builds
+// the answer Envoy expects (DESIGN section 5): one status per descriptor,
+// the binding limit, what remains, when it resets, and the overall code,
+// with shadow mode and the failure policy applied.
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"sync/atomic"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/descriptors"
+)
+
+// Rules gives the mapping config in force; a hot reload swaps it.
+type Rules interface {
+	Current() *descriptors.Config
+}
+
+// Options configure a Service. The zero Options is usable.
+type Options struct {
+	// ShadowMode answers OK to everything while still deciding and
+	// counting, for every rule (rules can also opt in one by one).
+	ShadowMode bool
+	// OnBackendError is the failure policy.
+	OnBackendError FailurePolicy
+	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
+	// RateLimit-Reset to the response Envoy sends downstream.
+	ResponseHeaders bool
+	// Input bounds the size of a request; zero fields take defaults.
+	Input InputLimits
+	// Logger receives failure-policy activations. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Service implements rlsv3.RateLimitServiceServer. It is safe for
+// concurrent use; create it with New.
+type Service struct {
+	rules   Rules
+	backend backend.Backend
+	opts    Options
+	stats   counters
+}
+
+// New returns a Service deciding rules' descriptors with be.
+func New(rules Rules, be backend.Backend, opts Options) *Service {
+	opts.Input = opts.Input.withDefaults()
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Service{rules: rules, backend: be, opts: opts}
+}
+
+// Stats are running totals since start.
+type Stats struct {
+	Requests        uint64 `json:"requests"`
+	InvalidRequests uint64 `json:"invalid_requests"`
+	OK              uint64 `json:"descriptors_ok"`
+	OverLimit       uint64 `json:"descriptors_over_limit"`
+	ShadowOverLimit uint64 `json:"descriptors_shadow_over_limit"`
+	BackendErrors   uint64 `json:"backend_errors"`
+}
+
+type counters struct {
+	requests, invalid, ok, over, shadow, backendErrors atomic.Uint64
+}
+
+// Stats returns the running totals.
+func (s *Service) Stats() Stats {
+	return Stats{
+		Requests: s.stats.requests.Load(), InvalidRequests: s.stats.invalid.Load(),
+		OK: s.stats.ok.Load(), OverLimit: s.stats.over.Load(), ShadowOverLimit: s.stats.shadow.Load(),
+		BackendErrors: s.stats.backendErrors.Load(),
+	}
+}
+
+// ShouldRateLimit implements rlsv3.RateLimitServiceServer.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	s.stats.requests.Add(1)
+	if err := s.opts.Input.validate(req); err != nil {
+		s.stats.invalid.Add(1)
+		return nil, err
+	}
+	cfg := s.rules.Current()
+	matches := make([]descriptors.Match, len(req.Descriptors))
+	matched := make([]bool, len(req.Descriptors))
+	var replaced map[string]bool
+	for i, d := range req.Descriptors {
+		matches[i], matched[i] = cfg.Match(req.Domain, d)
+		if r := matches[i].Rule; matched[i] && !r.Unlimited {
+			for _, name := range r.Replaces {
+				if replaced == nil {
+					replaced = make(map[string]bool)
+				}
+				replaced[name] = true
+			}
+		}
+	}
+
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
+	}
+	var headers headerState
+	for i, d := range req.Descriptors {
+		m := matches[i]
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses[i] = st
+		switch {
+		case !matched[i] || m.Rule == nil || (m.Rule.Name != "" && replaced[m.Rule.Name]):
+		case m.Rule.Unlimited:
+			st.LimitRemaining = math.MaxUint32
+		default:
+			if err := s.decide(ctx, req, d, m, st); err != nil {
+				return nil, err
+			}
+			headers.observe(st)
+		}
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+			s.stats.over.Add(1)
+		} else {
+			s.stats.ok.Add(1)
+		}
+	}
+	if s.opts.ResponseHeaders {
+		resp.ResponseHeadersToAdd = headers.headers()
+	}
+	return resp, nil
+}
+
+// decide fills st for one limited descriptor.
+func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, d *rlv3.RateLimitDescriptor, m descriptors.Match, st *rlsv3.RateLimitResponse_DescriptorStatus) error {
+	dec, err := s.backend.Decide(ctx, &backend.Request{
+		Entity:   m.Entity,
+		Resource: m.Resource,
+		Parent:   m.Parent,
+		Defaults: m.Rule.Limits,
+		Hits:     hits(req, d),
+		Refund:   d.GetIsNegativeHits(),
+	})
+	if err != nil {
+		if err := s.onBackendError(ctx, req.Domain, m, err, st); err != nil {
+			return err
+		}
+	} else if dec.Limited() {
+		fillStatus(st, dec, m.Rule)
+	}
+	if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && (s.opts.ShadowMode || m.Rule.ShadowMode) {
+		st.Code = rlsv3.RateLimitResponse_OK
+		s.stats.shadow.Add(1)
+	}
+	return nil
+}
+
+func (s *Service) onBackendError(ctx context.Context, domain string, m descriptors.Match, err error, st *rlsv3.RateLimitResponse_DescriptorStatus) error {
+	s.stats.backendErrors.Add(1)
+	s.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "backend failed; applying failure policy",
+		slog.String("policy", s.opts.OnBackendError.String()),
+		slog.String("domain", domain), slog.String("rule", m.Rule.Path), slog.Any("error", err))
+	switch s.opts.OnBackendError {
+	case FailAllow:
+		st.Code = rlsv3.RateLimitResponse_OK
+		return nil
+	case FailDeny:
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		return nil
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return status.Error(codes.Unavailable, "rate-limit backend did not answer before the deadline")
+	}
+	return status.Errorf(codes.Unavailable, "rate-limit backend failed: %v", err)
+}
+
+// hits is the weight of descriptor d: its own hits_addend when set (zero
+// checks without consuming), else the request's, where zero means one.
+func hits(req *rlsv3.RateLimitRequest, d *rlv3.RateLimitDescriptor) uint64 {
+	if h := d.GetHitsAddend(); h != nil {
+		return h.GetValue()
+	}
+	if req.GetHitsAddend() == 0 {
+		return 1
+	}
+	return uint64(req.GetHitsAddend())
+}
