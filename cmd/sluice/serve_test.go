@@ -1,0 +1,254 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+)
+
+const rulesV1 = `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
+
+const rulesV2 = `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 50}
+`
+
+func testOptions(dir string) serveOptions {
+	return serveOptions{
+		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", debugAddr: "127.0.0.1:0",
+		configDir: dir, backend: "memory", onBackendError: "error", ttlMultiplier: 7,
+		shutdownTimeout: 5 * time.Second, logLevel: "info", logFormat: "text",
+	}
+}
+
+func startTestServer(t *testing.T, o serveOptions) (*server, context.CancelFunc, chan error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := startServer(ctx, o, slog.New(slog.DiscardHandler))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.wait(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return s, cancel, done
+}
+
+func sluice(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, &out, &errOut)
+	return out.String() + errOut.String(), code
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func TestServeEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "edge.yaml")
+	if err := os.WriteFile(rules, []byte(rulesV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, cancel, done := startTestServer(t, testOptions(dir))
+	grpcAddr := s.grpcLn.Addr().String()
+	httpURL := "http://" + s.httpLn.Addr().String()
+	debugURL := "http://" + s.debugLn.Addr().String()
+
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := context.Background()
+	hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"})
+	if err != nil || hr.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("gRPC health: %v %v", hr, err)
+	}
+	if services := listServices(t, conn); !strings.Contains(services, "envoy.service.ratelimit.v3.RateLimitService") {
+		t.Fatalf("reflection lists %s", services)
+	}
+	if code, body := get(t, httpURL+"/healthz"); code != 200 {
+		t.Fatalf("/healthz %d %s", code, body)
+	}
+	if code, body := get(t, httpURL+"/readyz"); code != 200 {
+		t.Fatalf("/readyz %d %s", code, body)
+	}
+
+	checkArgs := []string{"check", "--addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.1.1.1"}
+	for i := 0; i < 2; i++ {
+		if out, code := sluice(t, checkArgs...); code != 0 || !strings.HasPrefix(out, "OK") {
+			t.Fatalf("check %d: exit %d\n%s", i, code, out)
+		}
+	}
+	out, code := sluice(t, checkArgs...)
+	if code != 0 || !strings.HasPrefix(out, "OVER_LIMIT") || !strings.Contains(out, "2/minute") || !strings.Contains(out, "30s") {
+		t.Fatalf("third check: exit %d\n%s", code, out)
+	}
+
+	var view configView
+	_, body := get(t, debugURL+"/debug/config")
+	if err := json.Unmarshal([]byte(body), &view); err != nil {
+		t.Fatal(err)
+	}
+	if len(view.Rules) != 1 || view.Rules[0].Path != "edge/remote_address" || view.Decisions.OverLimit != 1 {
+		t.Fatalf("/debug/config: %s", body)
+	}
+
+	// Hot reload from a real file: the raised limit applies to the next
+	// decision, within the watcher's debounce.
+	if err := os.WriteFile(rules, []byte(rulesV2), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, _ = sluice(t, "check", "--addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.9.9.9", "--hits", "0")
+		if strings.Contains(out, "50/minute") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("new rules not served 10 s after the edit:\n%s", out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// A broken edit keeps the last good rules in force.
+	if err := os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: fortnight}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline = time.Now().Add(10 * time.Second); s.rules.Stats().Failed == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("broken edit never noticed")
+		}
+	}
+	if out, _ = sluice(t, "check", "--addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.9.9.9", "--hits", "0"); !strings.Contains(out, "50/minute") {
+		t.Fatalf("after a broken edit the last good rules are gone:\n%s", out)
+	}
+
+	// SIGTERM (here: the context) makes the server unready and stop.
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	done <- nil // for the cleanup
+	if !s.shuttingDown.Load() {
+		t.Fatal("not marked as shutting down")
+	}
+	if err := s.ready(ctx); err == nil {
+		t.Fatal("ready while shut down")
+	}
+}
+
+func listServices(t *testing.T, conn *grpc.ClientConn) string {
+	t.Helper()
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.CloseSend()
+	if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.Name)
+	}
+	return strings.Join(names, " ")
+}
+
+func TestServeFailsFastOnBadSetup(t *testing.T) {
+	bad := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bad, "x.yaml"), []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limitt: {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	good := t.TempDir()
+	if err := os.WriteFile(filepath.Join(good, "x.yaml"), []byte(rulesV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	local := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", ""}
+	cases := []struct {
+		name string
+		args []string
+		env  map[string]string
+		code int
+		msg  string
+	}{
+		{"rules with an error", append([]string{"serve", "--config-dir", bad}, local...), nil, 1, "x.yaml:4"},
+		{"missing rules dir", append([]string{"serve", "--config-dir", filepath.Join(bad, "nope")}, local...), nil, 1, "nope"},
+		{"bad policy", append([]string{"serve", "--config-dir", good, "--on-backend-error", "maybe"}, local...), nil, 2, "maybe"},
+		{"bad policy from env", append([]string{"serve", "--config-dir", good}, local...), map[string]string{"SLUICE_ON_BACKEND_ERROR": "maybe"}, 2, "maybe"},
+		{"unknown backend", append([]string{"serve", "--config-dir", good, "--backend", "redis"}, local...), nil, 2, "redis"},
+		{"bad overrides", append([]string{"serve", "--config-dir", good, "--overrides", filepath.Join(bad, "x.yaml")}, local...), nil, 1, "overrides"},
+		{"bad log format", append([]string{"serve", "--config-dir", good, "--log-format", "xml"}, local...), nil, 2, "xml"},
+		{"unknown flag", []string{"serve", "--grpc-adr", ":1"}, nil, 2, "grpc-adr"},
+		{"check without domain", []string{"check", "--descriptor", "a=b"}, nil, 2, "--domain"},
+		{"check bad descriptor", []string{"check", "--domain", "d", "--descriptor", "novalue"}, nil, 2, "key=value"},
+	}
+	for _, c := range cases {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		out, code := sluice(t, c.args...)
+		if code != c.code || !strings.Contains(out, c.msg) {
+			t.Errorf("%s: exit %d, want %d with %q:\n%s", c.name, code, c.code, c.msg, out)
+		}
+		for k := range c.env {
+			os.Unsetenv(k)
+		}
+	}
+}
+
+func TestFlagsFromEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SLUICE_CONFIG_DIR", dir)
+	t.Setenv("SLUICE_SHADOW_MODE", "true")
+	cmd := newServeCommand()
+	if err := cmd.ParseFlags([]string{"--grpc-addr", "127.0.0.1:0"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SLUICE_GRPC_ADDR", "example:1") // the command line wins
+	if err := flagsFromEnv(cmd.Flags()); err != nil {
+		t.Fatal(err)
+	}
+	for flag, want := range map[string]string{"config-dir": dir, "shadow-mode": "true", "grpc-addr": "127.0.0.1:0", "http-addr": ":8080"} {
+		if got := cmd.Flags().Lookup(flag).Value.String(); got != want {
+			t.Errorf("--%s = %q, want %q", flag, got, want)
+		}
+	}
+}
