@@ -1,0 +1,87 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+func TestBucketTTLBySource(t *testing.T) {
+	fast := bucket.Limit{Name: "fast", Amount: 10 * bucket.Milli, Period: bucket.Second, Burst: 10 * bucket.Milli}
+	slow := bucket.Limit{Name: "slow", Amount: 60 * bucket.Milli, Period: bucket.Minute, Burst: 120 * bucket.Milli}
+	frozen := bucket.Limit{Name: "frozen", Amount: 0, Period: bucket.Second, Burst: 5 * bucket.Milli}
+	both := []bucket.Limit{fast, slow}
+	cases := []struct {
+		name  string
+		r     Resolved
+		mult  int64
+		ttl   int64
+		hasIt bool
+	}{
+		{"operator-written entity config never expires", Resolved{both, LevelEntity, false}, 7, 0, false},
+		{"sync-written entity config expires", Resolved{both, LevelEntity, true}, 7, 7 * 120_000, true},
+		{"entity default", Resolved{both, LevelEntityDefault, false}, 7, 7 * 120_000, true},
+		{"resource default", Resolved{both, LevelResource, false}, 7, 7 * 120_000, true},
+		{"system default", Resolved{[]bucket.Limit{fast}, LevelSystem, false}, 7, 7 * 1000, true},
+		{"multiplier is configurable", Resolved{both, LevelResource, false}, 2, 2 * 120_000, true},
+		{"multiplier 0 turns TTLs off", Resolved{both, LevelResource, false}, 0, 0, false},
+		{"negative multiplier turns TTLs off", Resolved{both, LevelResource, false}, -1, 0, false},
+		{"a never-refilling burst is kept", Resolved{[]bucket.Limit{fast, frozen}, LevelResource, false}, 7, 0, false},
+		{"no overflow", Resolved{[]bucket.Limit{{Name: "x", Amount: 1, Period: bucket.MaxPeriod, Burst: bucket.MaxTokens * bucket.Milli}}, LevelResource, false}, 7, math.MaxInt64, true},
+	}
+	for _, c := range cases {
+		ttl, ok := BucketTTL(c.r, c.mult)
+		if ttl != c.ttl || ok != c.hasIt {
+			t.Errorf("%s: (%d, %v), want (%d, %v)", c.name, ttl, ok, c.ttl, c.hasIt)
+		}
+	}
+}
+
+// records answers from maps, or fails every call with err.
+type records struct {
+	entity   map[[2]string]Record
+	resource map[string]Record
+	system   *Record
+	err      error
+}
+
+func (r records) Entity(_ context.Context, e, res string) (Record, bool, error) {
+	rec, ok := r.entity[[2]string{e, res}]
+	return rec, ok, r.err
+}
+
+func (r records) Resource(_ context.Context, res string) (Record, bool, error) {
+	rec, ok := r.resource[res]
+	return rec, ok, r.err
+}
+
+func (r records) System(context.Context) (Record, bool, error) {
+	if r.system == nil {
+		return Record{}, false, r.err
+	}
+	return *r.system, true, r.err
+}
+
+func TestResolveEmptyRecordFallsThrough(t *testing.T) {
+	l := []bucket.Limit{{Name: "x", Amount: bucket.Milli, Period: bucket.Second, Burst: bucket.Milli}}
+	// An entity record with no limits does not win its level.
+	rec := records{entity: map[[2]string]Record{{"e", "r"}: {}}, system: &Record{Limits: l}}
+	got, err := Resolve(context.Background(), rec, "e", "r", nil)
+	if err != nil || got.Level != LevelSystem {
+		t.Fatalf("empty entity record: %+v %v", got, err)
+	}
+}
+
+// Pitfall 6 in spirit: a store that cannot answer is an error, never
+// "absent", so the caller's failure policy applies.
+func TestResolveStoreErrorIsNotAbsent(t *testing.T) {
+	rec := records{err: errors.New("throttled")}
+	_, err := Resolve(context.Background(), rec, "e", "r", nil)
+	if err == nil || !strings.Contains(err.Error(), "throttled") || !strings.Contains(err.Error(), `"e"`) {
+		t.Fatalf("store error: %v", err)
+	}
+}
