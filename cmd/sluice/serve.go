@@ -122,7 +122,7 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 	rules, err := descriptors.Watch(watchCtx, o.configDir, log)
 	if err != nil {
 		stopWatch()
-		return nil, fmt.Errorf("loading rules from %s: %w", o.configDir, err)
+		return nil, err // it names the directory, and each file:line at fault
 	}
 	s := &server{
 		log:             log,
