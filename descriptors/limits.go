@@ -1,0 +1,216 @@
+package descriptors
+
+import (
+	"math"
+	"slices"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+// isEnvoyUnit reports whether unit is one of the rate_limit units of
+// envoyproxy/ratelimit (case-insensitive). bucket.ParseUnit also takes
+// abbreviations such as "s" or "min"; rate_limit keeps to envoyproxy's
+// vocabulary so that a file Sluice accepts means the same to both services.
+func isEnvoyUnit(unit string) bool {
+	switch strings.ToLower(unit) {
+	case "second", "minute", "hour", "day", "week", "month", "year":
+		return true
+	}
+	return false
+}
+
+// rateLimit parses the envoyproxy/ratelimit `rate_limit` block of a node.
+func (p *fileParser) rateLimit(r *Rule, f map[string]field) {
+	rf, ok := f["rate_limit"]
+	if !ok || (rf.val.Kind == yaml.ScalarNode && rf.val.ShortTag() == "!!null") {
+		return
+	}
+	if !p.isMapping(rf.val, "rate_limit") {
+		return
+	}
+	g := p.fields(rf.val, "rate_limit", "unit", "requests_per_unit", "unlimited", "name", "replaces")
+	if nf, ok := g["name"]; ok {
+		r.Name, _ = p.str(nf.val, "rate_limit.name")
+	}
+	r.Unlimited = p.boolField(g, "unlimited")
+	var rpu uint32
+	if nf, ok := g["requests_per_unit"]; ok {
+		if nf.val.Kind != yaml.ScalarNode || nf.val.ShortTag() != "!!int" || nf.val.Decode(&rpu) != nil {
+			p.errorf(nf.val.Line, "rate_limit.requests_per_unit: want a whole number from 0 to %d, got %s", uint32(math.MaxUint32), kindName(nf.val))
+		}
+	}
+	var unit string
+	uf, hasUnit := g["unit"]
+	if hasUnit {
+		unit, _ = p.str(uf.val, "rate_limit.unit")
+	}
+	switch {
+	case r.Unlimited:
+		if unit != "" {
+			p.errorf(uf.key.Line, "rate_limit: an unlimited rate limit must not have a unit")
+		}
+	case unit == "":
+		p.errorf(rf.key.Line, "rate_limit: missing unit (want second, minute, hour, day, week, month or year)")
+	default:
+		period, err := bucket.ParseUnit(unit)
+		if err != nil || !isEnvoyUnit(unit) {
+			p.errorf(uf.val.Line, "rate_limit.unit: invalid unit %q (want second, minute, hour, day, week, month or year)", unit)
+			break
+		}
+		name := r.Name
+		if name == "" {
+			name, r.unnamedRateLimit = defaultLimitName, true
+		}
+		amount := int64(rpu) * bucket.Milli
+		r.Limits = append(r.Limits, bucket.Limit{Name: name, Amount: amount, Period: period, Burst: amount})
+	}
+	p.replaces(r, g)
+}
+
+// replaces parses rate_limit.replaces: a list of {name}.
+func (p *fileParser) replaces(r *Rule, g map[string]field) {
+	items, ok := p.sequenceOf(g, "replaces", "rate_limit.replaces")
+	if !ok {
+		return
+	}
+	for _, it := range items {
+		if p.spend() {
+			return
+		}
+		if it = p.deref(it); it == nil {
+			return
+		}
+		if !p.isMapping(it, "rate_limit.replaces entry") {
+			continue
+		}
+		h := p.fields(it, "rate_limit.replaces entry", "name")
+		nf, ok := h["name"]
+		if !ok {
+			p.errorf(it.Line, "rate_limit.replaces: entry has no name")
+			continue
+		}
+		name, ok := p.str(nf.val, "rate_limit.replaces.name")
+		switch {
+		case !ok:
+		case name == "":
+			p.errorf(nf.key.Line, "rate_limit.replaces: empty name")
+		case name == r.Name:
+			p.errorf(nf.val.Line, "rate_limit.replaces: %q is the name of this rule itself", name)
+		default:
+			r.Replaces = append(r.Replaces, name)
+		}
+	}
+}
+
+// limits parses the Sluice `limits` list of a node, after rate_limit so that
+// names are checked against the rate_limit limit too.
+func (p *fileParser) limits(r *Rule, f map[string]field) {
+	lf, ok := f["limits"]
+	if !ok {
+		return
+	}
+	items, ok := p.sequenceOf(f, "limits", "limits")
+	if !ok {
+		return
+	}
+	if r.Unlimited && len(items) > 0 {
+		p.errorf(lf.key.Line, "limits: an unlimited rule (rate_limit.unlimited) must not have limits")
+		return
+	}
+	for _, it := range items {
+		if p.spend() {
+			return
+		}
+		if it = p.deref(it); it == nil {
+			return
+		}
+		if !p.isMapping(it, "limits entry") {
+			continue
+		}
+		if l, ok := p.limit(it); ok {
+			if hasLimit(r, l.Name) {
+				p.errorf(it.Line, "limits: name %q is used twice in this descriptor", l.Name)
+				continue
+			}
+			if slices.Contains(r.Replaces, l.Name) {
+				p.errorf(it.Line, "rate_limit.replaces: %q is the name of a limit of this rule itself", l.Name)
+				continue
+			}
+			r.Limits = append(r.Limits, l)
+		}
+	}
+}
+
+// hasLimit reports whether r already has a limit called name.
+func hasLimit(r *Rule, name string) bool {
+	for _, l := range r.Limits {
+		if l.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// limit parses one entry of `limits`: {name, rate, burst, cost}.
+func (p *fileParser) limit(n *yaml.Node) (bucket.Limit, bool) {
+	g := p.fields(n, "limits entry", "name", "rate", "burst", "cost")
+	var l bucket.Limit
+	nf, ok := g["name"]
+	if !ok {
+		p.errorf(n.Line, "limits: entry has no name")
+		return l, false
+	}
+	if l.Name, ok = p.str(nf.val, "limits.name"); !ok {
+		return l, false
+	}
+	if l.Name == "" {
+		p.errorf(nf.key.Line, "limits: empty name")
+		return l, false
+	}
+	rf, ok := g["rate"]
+	if !ok {
+		p.errorf(n.Line, "limit %q: missing rate (e.g. rate: 100/min)", l.Name)
+		return l, false
+	}
+	rate, ok := p.str(rf.val, "limits.rate")
+	if !ok {
+		return l, false
+	}
+	var err error
+	if l.Amount, l.Period, err = bucket.ParseRate(rate); err != nil {
+		p.errorf(rf.val.Line, "limit %q: %v", l.Name, err)
+		return l, false
+	}
+	l.Burst = l.Amount
+	if bf, ok := g["burst"]; ok {
+		var burst int64
+		if bf.val.Kind != yaml.ScalarNode || bf.val.ShortTag() != "!!int" || bf.val.Decode(&burst) != nil ||
+			burst < 0 || burst > bucket.MaxTokens {
+			p.errorf(bf.val.Line, "limit %q: burst: want a whole number of tokens from 0 to %d, got %s", l.Name, bucket.MaxTokens, kindName(bf.val))
+			return l, false
+		}
+		l.Burst = burst * bucket.Milli
+	}
+	if cf, ok := g["cost"]; ok {
+		cost, ok := p.str(cf.val, "limits.cost")
+		if !ok {
+			return l, false
+		}
+		switch cost {
+		case "hits":
+		case "request":
+			l.PerRequest = true
+		default:
+			p.errorf(cf.val.Line, "limit %q: cost: want hits or request, got %q", l.Name, cost)
+			return l, false
+		}
+	}
+	if err := l.Validate(); err != nil {
+		p.errorf(n.Line, "%v", err)
+		return l, false
+	}
+	return l, true
+}

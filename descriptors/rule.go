@@ -1,0 +1,74 @@
+package descriptors
+
+import "github.com/sluice-rl/sluice/backend/bucket"
+
+// defaultLimitName is the name stored for the limit built from an unnamed
+// rate_limit block (DESIGN section 6: "The limit name stored for an unnamed
+// rate_limit is default").
+const defaultLimitName = "default"
+
+// Rule is one descriptor node of the mapping config. Every node is a Rule,
+// including nodes that only group children and nodes with no limits (a
+// request that ends at such a node matches it and is limited by nothing).
+//
+// A Rule belongs to an immutable Config: callers must not modify it or the
+// slices it holds.
+type Rule struct {
+	Domain string
+	// Path is the default resource: the domain followed by one segment per
+	// level, "/key=value" (exact), "/key=pattern" (wildcard) or "/key" (bare),
+	// e.g. "test-domain/key1=value1/subkey1".
+	Path string
+	File string // base name of the file the node came from
+	Line int    // line of the node in that file
+	// Name is rate_limit.name ("" if none); it is what `replaces` refers to.
+	Name string
+	// Limits holds the limit built from rate_limit (first, when present)
+	// followed by the `limits` entries in file order. It may be empty.
+	Limits         []bucket.Limit
+	Unlimited      bool
+	ShadowMode     bool
+	DetailedMetric bool
+	// Replaces lists the rule names (rate_limit.replaces) this rule removes
+	// from the request when both match.
+	Replaces []string
+
+	key      string
+	value    string // as written; "" for a bare node
+	kind     nodeKind
+	pattern  pattern // compiled value, for a wildcard node
+	share    bool    // share_threshold: a wildcard level that keeps its value out of the entity
+	children level   // nil when the node has no children
+
+	// entityLevels are the indexes of the request entries whose values form
+	// the default entity: the levels of the path matched by bare key or by a
+	// wildcard without share_threshold. Precomputed because it is static.
+	entityLevels []int
+	entity       *template // nil: use the default entity
+	resource     *template // nil: use Path
+	parent       *template // nil: no parent
+
+	// unnamedRateLimit records that Limits[0] came from a rate_limit block
+	// without a name: it is stored as "default" but reported as "".
+	unnamedRateLimit bool
+}
+
+// nodeKind is how a node matches the value of a request entry.
+type nodeKind uint8
+
+const (
+	kindBare     nodeKind = iota // no value: any value
+	kindExact                    // value without '*'
+	kindWildcard                 // value with at least one '*'
+)
+
+// ReportedName is the name Sluice reports in current_limit.name for the limit
+// with this Name: the limit's own name, except that the limit built from an
+// unnamed `rate_limit` is stored as "default" and reported as "" (as
+// envoyproxy/ratelimit reports it).
+func (r *Rule) ReportedName(limitName string) string {
+	if r.unnamedRateLimit && limitName == defaultLimitName {
+		return ""
+	}
+	return limitName
+}

@@ -1,0 +1,215 @@
+package descriptors
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// Timings of a Watcher. Events come in bursts (an editor writes a temporary
+// file and renames it; a ConfigMap update creates a directory and two
+// symlinks), so a reload waits for the burst to settle. Polling is the
+// safety net for events that never arrive: a directory that was removed and
+// created again, a watched path that is itself a swapped symlink, network
+// file systems.
+const (
+	debounceDelay = 150 * time.Millisecond
+	pollInterval  = 5 * time.Second
+)
+
+// ReloadStats counts the reloads of a Watcher. A reload that finds the
+// files unchanged is not counted.
+type ReloadStats struct {
+	OK, Failed uint64 // the load done by Watch counts as one OK
+	// LastError is the error of the last attempt when it failed; it is
+	// cleared once the directory holds a valid config again.
+	LastError   string
+	LastOK      time.Time
+	LastAttempt time.Time
+}
+
+// Watcher keeps the current Config of a directory up to date.
+type Watcher struct {
+	dir  string
+	log  *slog.Logger
+	opts watchOptions
+	cur  atomic.Pointer[Config]
+	done chan struct{} // closed when the watch loop has stopped
+
+	mu       sync.Mutex // serialises reloads
+	failedAt string     // fingerprint and error of the last failure, to count each failure once
+
+	statsMu sync.Mutex
+	stats   ReloadStats
+}
+
+type watchOptions struct {
+	debounce time.Duration
+	poll     time.Duration
+	notify   bool // use file events; off only in tests of the polling fallback
+}
+
+// Watch loads dir and keeps the result up to date until ctx is done: on
+// file events (debounced) and, as a safety net, by polling the content
+// fingerprint every few seconds. It returns an error if the initial load
+// fails. A later load that fails keeps the previous Config in force; it is
+// logged at error level and counted in Stats. A nil log discards logs.
+func Watch(ctx context.Context, dir string, log *slog.Logger) (*Watcher, error) {
+	return watch(ctx, dir, log, watchOptions{debounce: debounceDelay, poll: pollInterval, notify: true})
+}
+
+func watch(ctx context.Context, dir string, log *slog.Logger, opts watchOptions) (*Watcher, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cfg, err := Load(dir)
+	if err != nil {
+		return nil, fmt.Errorf("load mapping config from %s: %w", dir, err)
+	}
+	w := &Watcher{dir: dir, log: log.With("dir", dir), opts: opts, done: make(chan struct{})}
+	w.cur.Store(cfg)
+	now := time.Now()
+	w.stats = ReloadStats{OK: 1, LastOK: now, LastAttempt: now}
+	w.logLoaded(cfg)
+
+	var fw *fsnotify.Watcher
+	if opts.notify {
+		// Without file events the poll still reloads, only later: a watch
+		// that cannot start is worth a warning, not a refusal to serve.
+		if fw, err = fsnotify.NewWatcher(); err != nil {
+			w.log.Warn("file events unavailable, polling only", "error", err, "interval", opts.poll)
+		} else if err := fw.Add(dir); err != nil {
+			w.log.Warn("cannot watch config dir, polling until it can", "error", err, "interval", opts.poll)
+		}
+	}
+	go w.run(ctx, fw)
+	return w, nil
+}
+
+// Current returns the Config in force. It is never nil.
+func (w *Watcher) Current() *Config { return w.cur.Load() }
+
+// Stats returns a snapshot of the reload counters.
+func (w *Watcher) Stats() ReloadStats {
+	w.statsMu.Lock()
+	defer w.statsMu.Unlock()
+	return w.stats
+}
+
+// Reload reloads the directory now, by the same rules as an automatic
+// reload: unchanged content is a no-op, a failure keeps the current Config
+// and is returned (and counted once per distinct failure).
+func (w *Watcher) Reload() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+
+	files, err := readDir(w.dir)
+	fp := ""
+	if err == nil {
+		fp = fingerprint(files)
+		if fp == w.cur.Load().Fingerprint() {
+			w.recovered() // e.g. a broken edit was reverted
+			return nil
+		}
+		var cfg *Config
+		if cfg, err = parse(files, fp); err == nil {
+			w.cur.Store(cfg)
+			w.recordOK()
+			w.logLoaded(cfg)
+			return nil
+		}
+	}
+	// A broken directory stays broken until someone edits it; polling must
+	// not count and log the same failure every few seconds.
+	key := fp + "\x00" + err.Error()
+	if key == w.failedAt {
+		return err
+	}
+	w.failedAt = key
+	w.recordFailure(err)
+	w.log.Error("mapping config reload failed, keeping the previous config", "error", err)
+	return err
+}
+
+func (w *Watcher) logLoaded(cfg *Config) {
+	w.log.Info("mapping config loaded", "domains", len(cfg.domainNames), "rules", len(cfg.rules),
+		"fingerprint", cfg.fingerprint[:12])
+}
+
+func (w *Watcher) recordOK() {
+	w.failedAt = ""
+	now := time.Now()
+	w.statsMu.Lock()
+	defer w.statsMu.Unlock()
+	w.stats.OK++
+	w.stats.LastOK, w.stats.LastAttempt = now, now
+	w.stats.LastError = ""
+}
+
+func (w *Watcher) recovered() {
+	w.failedAt = ""
+	w.statsMu.Lock()
+	defer w.statsMu.Unlock()
+	w.stats.LastError = ""
+}
+
+func (w *Watcher) recordFailure(err error) {
+	w.statsMu.Lock()
+	defer w.statsMu.Unlock()
+	w.stats.Failed++
+	w.stats.LastAttempt = time.Now()
+	w.stats.LastError = err.Error()
+}
+
+// run is the watch loop. It owns fw and closes it when ctx is done.
+func (w *Watcher) run(ctx context.Context, fw *fsnotify.Watcher) {
+	defer close(w.done)
+	var (
+		events <-chan fsnotify.Event
+		errs   <-chan error
+	)
+	if fw != nil {
+		defer fw.Close()
+		events, errs = fw.Events, fw.Errors
+	}
+	poll := time.NewTicker(w.opts.poll)
+	defer poll.Stop()
+	debounce := time.NewTimer(w.opts.debounce)
+	debounce.Stop()
+	defer debounce.Stop()
+
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			// Any event, including on dot names: a ConfigMap update is a
+			// rename of "..data". Reloading is cheap and idempotent.
+			debounce.Reset(w.opts.debounce)
+		case err, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			w.log.Warn("config dir watch error", "error", err)
+		case <-debounce.C:
+			_ = w.Reload() // logged and counted by Reload
+		case <-poll.C:
+			if fw != nil && len(fw.WatchList()) == 0 {
+				// The directory was removed (the kernel dropped the
+				// watch); watch it again once it is back.
+				_ = fw.Add(w.dir)
+			}
+			_ = w.Reload()
+		}
+	}
+}
