@@ -76,16 +76,7 @@ func (p *fileParser) replaces(r *Rule, g map[string]field) {
 	if !ok {
 		return
 	}
-	for _, it := range items {
-		if p.spend() {
-			return
-		}
-		if it = p.deref(it); it == nil {
-			return
-		}
-		if !p.isMapping(it, "rate_limit.replaces entry") {
-			continue
-		}
+	for _, it := range p.mappings(items, "rate_limit.replaces entry") {
 		h := p.fields(it, "rate_limit.replaces entry", "name")
 		nf, ok := h["name"]
 		if !ok {
@@ -120,16 +111,7 @@ func (p *fileParser) limits(r *Rule, f map[string]field) {
 		p.errorf(lf.key.Line, "limits: an unlimited rule (rate_limit.unlimited) must not have limits")
 		return
 	}
-	for _, it := range items {
-		if p.spend() {
-			return
-		}
-		if it = p.deref(it); it == nil {
-			return
-		}
-		if !p.isMapping(it, "limits entry") {
-			continue
-		}
+	for _, it := range p.mappings(items, "limits entry") {
 		if l, ok := p.limit(it); ok {
 			if hasLimit(r, l.Name) {
 				p.errorf(it.Line, "limits: name %q is used twice in this descriptor", l.Name)

@@ -87,19 +87,11 @@ func (p *fileParser) parseFile(data []byte) {
 		return
 	}
 	f := p.fields(root, "the top level", "domain", "descriptors")
-	df, ok := f["domain"]
-	if !ok {
-		p.errorf(root.Line, "missing domain")
-		return
-	}
-	domain, ok := p.str(df.val, "domain")
+	domain, ok := p.requiredString(root, f, "domain", "file")
 	if !ok {
 		return
 	}
-	if domain == "" {
-		p.errorf(df.key.Line, "empty domain")
-		return
-	}
+	df := f["domain"]
 	// The domain is recorded even when its descriptors turn out to be
 	// invalid, so that a duplicate of it in a later file is still reported.
 	p.domain, p.domainLine = domain, df.key.Line
@@ -148,40 +140,23 @@ func (p *fileParser) descriptors(items []*yaml.Node, parent *Rule, pathKeys []st
 		return nil
 	}
 	lvl := make(level)
-	for _, it := range items {
-		if p.spend() {
-			break
-		}
-		if it = p.deref(it); it == nil {
-			break
-		}
+	for _, it := range p.mappings(items, "descriptor") {
 		p.node(it, parent, pathKeys, lvl)
 	}
 	return lvl
 }
 
-// node parses one descriptor node and adds it to lvl.
+// node parses one descriptor node (a mapping) and adds it to lvl.
 func (p *fileParser) node(n *yaml.Node, parent *Rule, parentKeys []string, lvl level) {
-	if !p.isMapping(n, "descriptor") {
-		return
-	}
 	f := p.fields(n, "descriptor",
 		// envoyproxy/ratelimit's keys, then Sluice's.
 		"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "share_threshold",
 		"limits", "entity", "resource", "parent")
-	kf, ok := f["key"]
-	if !ok {
-		p.errorf(n.Line, "descriptor has no key")
-		return
-	}
-	key, ok := p.str(kf.val, "key")
+	key, ok := p.requiredString(n, f, "key", "descriptor")
 	if !ok {
 		return
 	}
-	if key == "" {
-		p.errorf(kf.key.Line, "descriptor has an empty key")
-		return
-	}
+	kf := f["key"]
 	r := &Rule{Domain: p.domain, File: p.file, Line: n.Line, key: key}
 	if vf, ok := f["value"]; ok {
 		r.value, _ = p.str(vf.val, "value")

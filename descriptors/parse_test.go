@@ -89,7 +89,7 @@ func TestValidationErrors(t *testing.T) {
 		{"empty domain", map[string]string{"a.yaml": "domain: \"\"\ndescriptors: []\n"},
 			[]wantErr{{"a.yaml", 1, "empty domain"}}},
 		{"missing domain", map[string]string{"a.yaml": "# no domain\ndescriptors: []\n"},
-			[]wantErr{{"a.yaml", 2, "missing domain"}}},
+			[]wantErr{{"a.yaml", 2, "file has no domain"}}},
 		{"empty file", map[string]string{"a.yaml": "# nothing\n"},
 			[]wantErr{{"a.yaml", 1, "empty file"}}},
 		{"empty key", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: \"\"\n    value: v\n"},

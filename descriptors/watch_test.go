@@ -225,8 +225,8 @@ func TestWatchInitialLoadFails(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	writeFile(t, dir, "x.yaml", "domain: \"\"\n")
-	if _, err := Watch(context.Background(), dir, nil); err == nil || !strings.Contains(err.Error(), "x.yaml:1: empty domain") {
-		t.Errorf("Watch error = %v, want x.yaml:1: empty domain", err)
+	if _, err := Watch(context.Background(), dir, nil); err == nil || !strings.Contains(err.Error(), "x.yaml:1: file has an empty domain") {
+		t.Errorf("Watch error = %v, want x.yaml:1: file has an empty domain", err)
 	}
 	if _, err := Watch(context.Background(), filepath.Join(dir, "missing"), nil); err == nil {
 		t.Error("Watch of a missing directory succeeded")

@@ -71,6 +71,44 @@ func (p *fileParser) deref(n *yaml.Node) *yaml.Node {
 	return n
 }
 
+// mappings returns the items of a sequence, aliases followed, that are
+// mappings; it reports the others and stops where the work budget runs
+// out.
+func (p *fileParser) mappings(items []*yaml.Node, what string) []*yaml.Node {
+	out := make([]*yaml.Node, 0, len(items))
+	for _, it := range items {
+		if p.spend() {
+			break
+		}
+		if it = p.deref(it); it == nil {
+			break
+		}
+		if p.isMapping(it, what) {
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// requiredString reads the field name of mapping n, which must be present
+// and a non-empty string; what names the mapping in the messages.
+func (p *fileParser) requiredString(n *yaml.Node, f map[string]field, name, what string) (string, bool) {
+	fl, ok := f[name]
+	if !ok {
+		p.errorf(n.Line, "%s has no %s", what, name)
+		return "", false
+	}
+	v, ok := p.str(fl.val, name)
+	if !ok {
+		return "", false
+	}
+	if v == "" {
+		p.errorf(fl.key.Line, "%s has an empty %s", what, name)
+		return "", false
+	}
+	return v, true
+}
+
 func (p *fileParser) isMapping(n *yaml.Node, what string) bool {
 	if n.Kind != yaml.MappingNode {
 		p.errorf(n.Line, "%s: want a mapping, got %s", what, kindName(n))
