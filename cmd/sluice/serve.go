@@ -279,11 +279,19 @@ func (s *server) debugHandler(withPprof bool) http.Handler {
 
 // configView is the JSON of /debug/config.
 type configView struct {
-	Fingerprint string                  `json:"fingerprint"`
-	Domains     []string                `json:"domains"`
-	Rules       []ruleView              `json:"rules"`
-	Reloads     descriptors.ReloadStats `json:"reloads"`
-	Decisions   ratelimit.Stats         `json:"decisions"`
+	Fingerprint string          `json:"fingerprint"`
+	Domains     []string        `json:"domains"`
+	Rules       []ruleView      `json:"rules"`
+	Reloads     reloadView      `json:"reloads"`
+	Decisions   ratelimit.Stats `json:"decisions"`
+}
+
+type reloadView struct {
+	OK          uint64    `json:"ok"`
+	Failed      uint64    `json:"failed"`
+	LastError   string    `json:"last_error,omitempty"`
+	LastOK      time.Time `json:"last_ok"`
+	LastAttempt time.Time `json:"last_attempt"`
 }
 
 type ruleView struct {
@@ -299,7 +307,13 @@ type ruleView struct {
 
 func describe(rules *descriptors.Watcher, svc *ratelimit.Service) configView {
 	cfg := rules.Current()
-	v := configView{Fingerprint: cfg.Fingerprint(), Domains: cfg.Domains(), Reloads: rules.Stats(), Decisions: svc.Stats()}
+	st := rules.Stats()
+	v := configView{
+		Fingerprint: cfg.Fingerprint(),
+		Domains:     cfg.Domains(),
+		Reloads:     reloadView{OK: st.OK, Failed: st.Failed, LastError: st.LastError, LastOK: st.LastOK, LastAttempt: st.LastAttempt},
+		Decisions:   svc.Stats(),
+	}
 	for _, r := range cfg.Rules() {
 		rv := ruleView{Domain: r.Domain, Path: r.Path, Source: fmt.Sprintf("%s:%d", r.File, r.Line),
 			Name: r.Name, Unlimited: r.Unlimited, Shadow: r.ShadowMode, Replaces: r.Replaces}

@@ -121,8 +121,14 @@ func TestServeEndToEnd(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &view); err != nil {
 		t.Fatal(err)
 	}
-	if len(view.Rules) != 1 || view.Rules[0].Path != "edge/remote_address" || view.Decisions.OverLimit != 1 {
+	if len(view.Rules) != 1 || view.Rules[0].Path != "edge/remote_address" || view.Decisions.OverLimit != 1 ||
+		view.Rules[0].Source != "edge.yaml:3" || view.Reloads.OK != 1 {
 		t.Fatalf("/debug/config: %s", body)
+	}
+	for _, key := range []string{`"fingerprint"`, `"reloads"`, `"ok"`, `"failed"`, `"last_ok"`, `"last_attempt"`, `"descriptors_over_limit"`} {
+		if !strings.Contains(body, key) {
+			t.Errorf("/debug/config lacks the documented key %s", key)
+		}
 	}
 
 	// Hot reload from a real file: the raised limit applies to the next
