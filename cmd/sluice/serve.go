@@ -143,7 +143,7 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 		return nil, err
 	}
 
-	s.grpc = grpc.NewServer()
+	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(ratelimit.RecoverPanics(log)))
 	ratelimit.Register(s.grpc, s.service)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
