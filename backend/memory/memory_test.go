@@ -205,6 +205,38 @@ func TestConcurrentCallersAdmitExactlyTheBurst(t *testing.T) {
 	}
 }
 
+// DESIGN's accuracy bar on one process: many concurrent callers on one
+// key, burst B and rate R over T seconds admit at most B + R*T (+1 for
+// rounding), and not far below it.
+func TestAccuracyUnderConcurrency(t *testing.T) {
+	b, clk := newTestBackend(t, Options{})
+	defaults := []bucket.Limit{limit(t, "x=10/s:100")}
+	var admitted atomic.Int64
+	const callers, steps, stepMs = 50, 500, 20 // T = 10 s of simulated time
+	for step := 0; step < steps; step++ {
+		clk.advance(stepMs)
+		var wg sync.WaitGroup
+		for g := 0; g < callers; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d, err := b.Decide(context.Background(), &backend.Request{Entity: "hot", Resource: "r", Defaults: defaults, Hits: 1})
+				if err != nil {
+					t.Error(err)
+				} else if d.Allowed {
+					admitted.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	const bound = 100 + 10*10 // B + R*T
+	t.Logf("admitted %d of %d calls", admitted.Load(), callers*steps)
+	if n := admitted.Load(); n > bound+1 || n < bound-10 {
+		t.Fatalf("admitted %d, want within [%d, %d]", n, bound-10, bound+1)
+	}
+}
+
 // Pitfalls 3 and 4: a changed resource limit reaches an existing bucket.
 func TestChangedLimitsReachExistingBucket(t *testing.T) {
 	b, _ := newTestBackend(t, Options{})
