@@ -118,9 +118,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
 		switch {
-		case !matched[i] || m.Rule == nil || (m.Rule.Name != "" && replaced[m.Rule.Name]):
+		case !matched[i] || m.Rule == nil:
 		case m.Rule.Unlimited:
+			// Unlimited wins over replaces, as in envoyproxy/ratelimit.
 			st.LimitRemaining = math.MaxUint32
+		case m.Rule.Name != "" && replaced[m.Rule.Name]:
 		default:
 			if err := s.decide(ctx, req, d, m, st); err != nil {
 				return nil, err

@@ -52,6 +52,10 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 0}
   - key: anon
     rate_limit: {unit: hour, requests_per_unit: 7}
+  - key: free
+    rate_limit: {name: free, unlimited: true}
+  - key: c
+    rate_limit: {replaces: [{name: free}], unit: second, requests_per_unit: 5}
 `
 
 type staticRules struct{ cfg *descriptors.Config }
@@ -253,6 +257,13 @@ func TestShadowModeAndReplaces(t *testing.T) {
 	call(t, c, alone)
 	if call(t, c, alone).OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Error("(a=x) alone is not limited")
+	}
+
+	// An unlimited rule stays unlimited even when another rule names it in
+	// replaces.
+	resp = call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("free", "v"), desc("c", "v")}})
+	if resp.Statuses[0].LimitRemaining != math.MaxUint32 || resp.Statuses[1].CurrentLimit.GetRequestsPerUnit() != 5 {
+		t.Errorf("unlimited beside a rule replacing it: %+v", resp.Statuses)
 	}
 
 	global, _ := newService(t, ratelimit.Options{ShadowMode: true})
