@@ -1,0 +1,296 @@
+package dynamodb
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// Key layout (DESIGN section 6). Every key is a fixed marker followed by at
+// most one encoded segment. The markers of the PK side end in '#' and
+// contain no '/', those of the SK side start with '#'; since an encoded
+// segment never contains a raw '#' (see Encode), a key's kind and the
+// boundary between marker and data can always be read back unambiguously.
+const (
+	entityMarker   = "ENTITY#"
+	resourceMarker = "RESOURCE#"
+	systemMarker   = "SYSTEM#"
+	parentMarker   = "PARENT#"
+	bucketSKMarker = "#BUCKET#"
+	configSKMarker = "#CONFIG#"
+	metaSK         = "#META"
+	resourceConfig = "#CONFIG"
+	childMarker    = "CHILD#"
+	bucketMarker   = "BUCKET#"
+
+	// prefixSep separates the deployment prefix from the key. The prefix
+	// may not contain it (nor '#'), so the text before the first '/' of a
+	// prefixed key is exactly the prefix, and an unprefixed key, which has
+	// no '/' before its first '#', can never equal a prefixed one.
+	prefixSep = "/"
+
+	// maxPrefixLen is the longest deployment prefix NewKeys accepts.
+	maxPrefixLen = 64
+
+	// maxSegmentLen is the longest escaped segment kept readable; longer
+	// ones are hashed. DynamoDB allows 2048 bytes for a partition key and
+	// 1024 for a sort key (GSI keys included); with the longest prefix and
+	// marker the longest key is 64+1+9+512 = 586 bytes for a PK and
+	// 8+512 = 520 for an SK, well inside both. The bound is deliberately
+	// lower than the limits allow: a bucket item repeats the entity and
+	// the resource in two keys each, and key bytes count toward the item
+	// size that write capacity (1 KB units) is billed on. Real entities
+	// (addresses, host names, header values) are far shorter.
+	maxSegmentLen = 512
+
+	// hashMarker starts a hashed segment. An escaped segment never contains
+	// a raw '#', so no escaped form can equal a hashed one.
+	hashMarker = "#H"
+	// hashedLen is the length of a hashed segment: the marker followed by
+	// the lowercase hex of a SHA-256 digest.
+	hashedLen = len(hashMarker) + 2*sha256.Size
+
+	upperHex = "0123456789ABCDEF"
+)
+
+// Keys builds the keys of every item kind, under an optional prefix that
+// lets several deployments or test runs share one table. The zero value
+// builds unprefixed keys.
+type Keys struct {
+	prefix string
+}
+
+// NewKeys returns the key builder for prefix. The prefix is either empty or
+// 1 to 64 characters from [A-Za-z0-9_.:-]: it is written into every
+// partition key verbatim, so it must contain neither '#' (which would blur
+// the kind marker) nor '/' (the prefix separator), and it is configuration,
+// never request data, so it is validated rather than encoded.
+func NewKeys(prefix string) (Keys, error) {
+	if err := validPrefix(prefix); err != nil {
+		return Keys{}, err
+	}
+	return Keys{prefix: prefix}, nil
+}
+
+func validPrefix(p string) error {
+	if p == "" {
+		return nil
+	}
+	if len(p) > maxPrefixLen {
+		return fmt.Errorf("dynamodb: key prefix is %d bytes, at most %d allowed", len(p), maxPrefixLen)
+	}
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case c == '_', c == '.', c == ':', c == '-':
+		default:
+			return fmt.Errorf("dynamodb: key prefix %q: byte %q at %d not in [A-Za-z0-9_.:-]", p, c, i)
+		}
+	}
+	return nil
+}
+
+// Prefix returns the deployment prefix, "" when keys are unprefixed.
+func (k Keys) Prefix() string { return k.prefix }
+
+// pk puts the deployment prefix in front of a partition key.
+func (k Keys) pk(marker, seg string) string {
+	if k.prefix == "" {
+		return marker + seg
+	}
+	return k.prefix + prefixSep + marker + seg
+}
+
+// EntityPK is the partition key of an entity's items (buckets, meta,
+// configs): ENTITY#{entity}.
+func (k Keys) EntityPK(entity string) string { return k.pk(entityMarker, Encode(entity)) }
+
+// BucketSK is the sort key of the bucket an entity holds for a resource:
+// #BUCKET#{resource}.
+func (k Keys) BucketSK(resource string) string { return bucketSKMarker + Encode(resource) }
+
+// ConfigSK is the sort key of an entity's config for a resource:
+// #CONFIG#{resource}. The resource "_default_" (the entity-wide default)
+// is encoded like any other; it needs no escaping.
+func (k Keys) ConfigSK(resource string) string { return configSKMarker + Encode(resource) }
+
+// MetaSK is the sort key of an entity's meta item.
+func MetaSK() string { return metaSK }
+
+// ResourcePK is the partition key of a resource's config item:
+// RESOURCE#{resource}.
+func (k Keys) ResourcePK(resource string) string { return k.pk(resourceMarker, Encode(resource)) }
+
+// SystemPK is the partition key of the system config item.
+func (k Keys) SystemPK() string { return k.pk(systemMarker, "") }
+
+// ResourceConfigSK is the sort key of the resource and system config items.
+func ResourceConfigSK() string { return resourceConfig }
+
+// GSI1PK finds the children of parent: PARENT#{parent}.
+func (k Keys) GSI1PK(parent string) string { return k.pk(parentMarker, Encode(parent)) }
+
+// GSI1SK is the GSI1 sort key of an entity's meta item: CHILD#{entity}.
+// Sort keys carry no prefix; the partition key already does.
+func GSI1SK(entity string) string { return childMarker + Encode(entity) }
+
+// GSI2PK finds the buckets of resource: RESOURCE#{resource}. It is the same
+// string as ResourcePK on purpose; the two live in different attributes.
+func (k Keys) GSI2PK(resource string) string { return k.pk(resourceMarker, Encode(resource)) }
+
+// GSI2SK is the GSI2 sort key of a bucket: BUCKET#{entity}.
+func GSI2SK(entity string) string { return bucketMarker + Encode(entity) }
+
+// Encode turns request data into a key segment that is injective, free of
+// '#', valid UTF-8 and bounded in length:
+//
+//   - '%' becomes %25, '#' becomes %23, and every byte that is not part of
+//     valid UTF-8 becomes %XX (DynamoDB rejects invalid UTF-8). Everything
+//     else is kept, so the common case stays readable in the table. Since
+//     every '%' of the output starts an escape, decoding is unambiguous.
+//   - If the escaped form is longer than maxSegmentLen bytes, the segment
+//     is "#H" followed by the lowercase hex SHA-256 of the original bytes.
+//     Escaped forms never contain '#', so the two forms cannot meet, and
+//     two hashed forms only meet on a SHA-256 collision. The original must
+//     then be kept in an attribute of the item.
+//
+// The empty string encodes to "".
+func Encode(s string) string {
+	n, plain := escapedLen(s)
+	if n > maxSegmentLen {
+		sum := sha256.Sum256([]byte(s))
+		return hashMarker + hex.EncodeToString(sum[:])
+	}
+	if plain {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c == '%' || c == '#' {
+				escapeByte(&b, c)
+			} else {
+				b.WriteByte(c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			escapeByte(&b, c)
+		} else {
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// escapedLen is the length of the escaped form of s (before hashing), and
+// whether s needs no escaping at all. It stops counting once the bound is
+// passed, so hashing a huge input does not scan it twice.
+func escapedLen(s string) (n int, plain bool) {
+	plain = true
+	for i := 0; i < len(s) && n <= maxSegmentLen; {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c == '%' || c == '#' {
+				n += 3
+				plain = false
+			} else {
+				n++
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			n += 3
+			plain = false
+		} else {
+			n += size
+		}
+		i += size
+	}
+	return n, plain
+}
+
+func escapeByte(b *strings.Builder, c byte) {
+	b.WriteByte('%')
+	b.WriteByte(upperHex[c>>4])
+	b.WriteByte(upperHex[c&0x0f])
+}
+
+// Decode inverts Encode for a segment that is not hashed. It reports false
+// for a hashed segment (the original is not recoverable from the key and
+// must be read from the item's attribute) and for anything Encode could not
+// have produced (a raw '#', a malformed or needless escape, invalid UTF-8,
+// an over-long segment), so a key read back from the table is either
+// decoded exactly or rejected.
+func Decode(seg string) (string, bool) {
+	if Hashed(seg) || strings.IndexByte(seg, '#') >= 0 {
+		return "", false
+	}
+	if strings.IndexByte(seg, '%') < 0 {
+		if !utf8.ValidString(seg) || len(seg) > maxSegmentLen {
+			return "", false
+		}
+		return seg, true
+	}
+	b := make([]byte, 0, len(seg))
+	for i := 0; i < len(seg); i++ {
+		c := seg[i]
+		if c != '%' {
+			b = append(b, c)
+			continue
+		}
+		if i+2 >= len(seg) {
+			return "", false
+		}
+		hi, ok1 := unhex(seg[i+1])
+		lo, ok2 := unhex(seg[i+2])
+		if !ok1 || !ok2 {
+			return "", false
+		}
+		b = append(b, hi<<4|lo)
+		i += 2
+	}
+	s := string(b)
+	// Accept only the canonical form, so Decode is a true inverse: "%41"
+	// or a lowercase "%2f" would decode but is never produced by Encode.
+	if Encode(s) != seg {
+		return "", false
+	}
+	return s, true
+}
+
+// unhex reads one uppercase hex digit, the only case Encode writes.
+func unhex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
+
+// Hashed reports whether seg is a hashed segment ("#H" and 64 lowercase hex
+// digits), whose original must be read from the item rather than the key.
+func Hashed(seg string) bool {
+	if len(seg) != hashedLen || !strings.HasPrefix(seg, hashMarker) {
+		return false
+	}
+	for i := len(hashMarker); i < len(seg); i++ {
+		c := seg[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
