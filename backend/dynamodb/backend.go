@@ -1,0 +1,380 @@
+package dynamodb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+// API is the part of *dynamodb.Client the backend calls.
+type API interface {
+	GetItem(context.Context, *dynamodb.GetItemInput, ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
+	PutItem(context.Context, *dynamodb.PutItemInput, ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
+	UpdateItem(context.Context, *dynamodb.UpdateItemInput, ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
+	BatchGetItem(context.Context, *dynamodb.BatchGetItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
+	TransactWriteItems(context.Context, *dynamodb.TransactWriteItemsInput, ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
+	DescribeTable(context.Context, *dynamodb.DescribeTableInput, ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error)
+}
+
+// Options configure a Backend. Table is required; zero values of the
+// rest take the defaults named on each field.
+type Options struct {
+	Table string
+	// KeyPrefix is put in front of every partition key, so several
+	// deployments or test runs can share one table.
+	KeyPrefix string
+	// TTLMultiplier scales a default-sourced bucket's time to fill into
+	// its TTL (ADR-119: 7). Zero or less turns TTL management off.
+	TTLMultiplier int64
+	// ConfigCacheTTL is how long resolved config records are reused
+	// (60 s); ConfigCacheSize bounds how many buckets' records are kept
+	// (100,000).
+	ConfigCacheTTL  time.Duration
+	ConfigCacheSize int
+	// StateCacheSize bounds how many buckets' last seen state are kept
+	// (100,000). A bucket whose state is known is decided and written with
+	// one conditional UpdateItem and no read.
+	StateCacheSize int
+	// MaxAttempts bounds the writes one decision tries when it loses races
+	// to other writers (8).
+	MaxAttempts int
+	// MaxDenyStaleness is how old (at most) the last state this replica
+	// saw of a bucket may be for a denial to be answered from it without
+	// asking DynamoDB (1 s; negative: always ask). Other writers only take
+	// tokens, so such a denial is right unless tokens were given back or a
+	// limit raised elsewhere within that time.
+	MaxDenyStaleness time.Duration
+	// Now returns the time in epoch milliseconds; nil is the wall clock.
+	Now func() int64
+}
+
+// Backend keeps token buckets in DynamoDB (DESIGN section 6): one item per
+// entity and resource holding every limit, written with conditional
+// updates so that any number of Sluice replicas share one truth. It is
+// safe for concurrent use.
+type Backend struct {
+	api     API
+	table   string
+	keys    Keys
+	opts    Options
+	now     func() int64
+	records *records
+	seen    *lru.Cache[bucketKey, seenItem]
+	gates   *gates
+	stats   *Stats
+}
+
+type bucketKey struct{ entity, resource string }
+
+// seenItem is the last state of a bucket this replica saw, and when.
+type seenItem struct {
+	item *bucketItem // nil: absent
+	at   int64       // epoch ms
+}
+
+// New returns a Backend on api. It does not call DynamoDB; see CheckTable.
+func New(api API, opts Options) (*Backend, error) {
+	if opts.Table == "" {
+		return nil, errors.New("dynamodb backend: no table named")
+	}
+	keys, err := NewKeys(opts.KeyPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("dynamodb backend: %w", err)
+	}
+	if opts.ConfigCacheTTL <= 0 {
+		opts.ConfigCacheTTL = time.Minute
+	}
+	if opts.ConfigCacheSize <= 0 {
+		opts.ConfigCacheSize = 100_000
+	}
+	if opts.StateCacheSize <= 0 {
+		opts.StateCacheSize = 100_000
+	}
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = 8
+	}
+	if opts.MaxDenyStaleness == 0 {
+		opts.MaxDenyStaleness = time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = func() int64 { return time.Now().UnixMilli() }
+	}
+	seen, err := lru.New[bucketKey, seenItem](opts.StateCacheSize)
+	if err != nil {
+		return nil, fmt.Errorf("dynamodb backend: %w", err)
+	}
+	stats := newStats()
+	return &Backend{
+		api: api, table: opts.Table, keys: keys, opts: opts, now: opts.Now, seen: seen, stats: stats, gates: newGates(),
+		records: newRecords(api, opts.Table, keys, opts.ConfigCacheSize, opts.ConfigCacheTTL, opts.Now, stats),
+	}, nil
+}
+
+// Stats returns the backend's running totals.
+func (b *Backend) Stats() *Stats { return b.stats }
+
+// Ping reports whether the table answers.
+func (b *Backend) Ping(ctx context.Context) error {
+	_, err := b.api.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(b.table)})
+	b.stats.call("DescribeTable", err)
+	if err != nil {
+		return fmt.Errorf("table %s: %w", b.table, err)
+	}
+	return nil
+}
+
+// target is one bucket a request is charged to, and the plan for it.
+type target struct {
+	key bucketKey
+	res backend.Resolved
+	fp  string // fingerprint of res.Limits: the cfg it must carry
+	// refund: the request gives tokens back.
+	refund bool
+	item   *bucketItem // last state seen; nil: absent or never seen
+	// seenAt is when item was seen (epoch ms); 0 for never.
+	seenAt int64
+	// fresh: item was read from, or returned by, the table during this
+	// decision, so a denial based on it is final.
+	fresh bool
+
+	mode   writeMode
+	base   []bucket.State // states before the decision, per res.Limits
+	states []bucket.State // states after it
+}
+
+type writeMode int
+
+const (
+	// create writes a new item over nothing (or an expired item).
+	create writeMode = iota
+	// rewrite replaces an item built from other limits (cfg mismatch).
+	rewrite
+	// incremental moves clocks and ADDs tokens: the steady state.
+	incremental
+)
+
+// Decide implements backend.Backend.
+func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
+	var buf [2]target
+	ts := buf[:0]
+	level := backend.LevelNone
+	for i, entity := range [2]string{req.Entity, req.Parent} {
+		if entity == "" || (i == 1 && entity == req.Entity) {
+			continue
+		}
+		rs, err := b.records.get(ctx, entity, req.Resource)
+		if err != nil {
+			return backend.Decision{}, err
+		}
+		res, err := backend.Resolve(ctx, rs, entity, req.Resource, req.Defaults)
+		if err != nil {
+			return backend.Decision{}, err
+		}
+		if i == 0 {
+			level = res.Level
+		}
+		if len(res.Limits) > 0 {
+			ts = append(ts, target{key: bucketKey{entity, req.Resource}, res: res,
+				fp: bucket.Fingerprint(res.Limits), refund: req.Refund})
+		}
+	}
+	if len(ts) == 0 {
+		return backend.NotLimited(), nil
+	}
+	keys := make([]bucketKey, len(ts))
+	for i := range ts {
+		keys[i] = ts[i].key
+	}
+	leave, err := b.gates.enter(ctx, keys...)
+	if err != nil {
+		return backend.Decision{}, fmt.Errorf("waiting for bucket %q/%q: %w", req.Entity, req.Resource, err)
+	}
+	defer leave()
+	// Read the last seen state only now: the decision that held the gate
+	// before this one may have just updated it.
+	for i := range ts {
+		seen, _ := b.seen.Get(ts[i].key)
+		ts[i].item, ts[i].seenAt = seen.item, seen.at
+	}
+
+	for attempt := 1; ; attempt++ {
+		now := b.now()
+		limits, results, allowed := decide(ts, req, now)
+		checkOnly := req.Hits == 0
+		if !allowed || checkOnly {
+			if !b.recentEnough(ts, now) {
+				// Decided on a view too old to trust for a denial (a
+				// refund or a raised limit elsewhere): ask the table.
+				if err := b.refresh(ctx, ts); err != nil {
+					return backend.Decision{}, err
+				}
+				continue
+			}
+			return backend.Decision{Allowed: allowed, Limits: limits, Results: results,
+				Binding: bucket.Binding(limits, results), Level: level}, nil
+		}
+		err := b.write(ctx, ts, now)
+		if err == nil {
+			// Report what the table holds now where the write told us.
+			off := 0
+			for i := range ts {
+				for j, l := range ts[i].res.Limits {
+					if s, ok := ts[i].item.stateOf(l.Name); ok {
+						results[off+j].Tokens = s.Tokens
+						results[off+j].Wait = bucket.Wait(l, bucket.Refill(l, s, now), l.Burst, now)
+					}
+				}
+				off += len(ts[i].res.Limits)
+			}
+			return backend.Decision{Allowed: true, Limits: limits, Results: results,
+				Binding: bucket.Binding(limits, results), Level: level}, nil
+		}
+		var lost errLostRace
+		if !errors.As(err, &lost) {
+			return backend.Decision{}, err
+		}
+		b.stats.ConditionRetries.Add(1)
+		if attempt >= b.opts.MaxAttempts {
+			return backend.Decision{}, fmt.Errorf("bucket %q/%q: gave up after %d contended writes", req.Entity, req.Resource, attempt)
+		}
+		if err := sleep(ctx, backoff(attempt)); err != nil {
+			return backend.Decision{}, err
+		}
+	}
+}
+
+// decide plans every target at now and decides the request over all their
+// limits together (a cascade passes only if every bucket has the tokens).
+func decide(ts []target, req *backend.Request, now int64) ([]bucket.Limit, []bucket.Result, bool) {
+	var limits []bucket.Limit
+	var states []bucket.State
+	for i := range ts {
+		ts[i].plan(now)
+		limits = append(limits, ts[i].res.Limits...)
+		states = append(states, ts[i].base...)
+	}
+	results := make([]bucket.Result, len(limits))
+	allowed := true
+	if req.Refund {
+		bucket.Refund(limits, states, req.Hits, now, results)
+	} else {
+		allowed = bucket.Decide(limits, states, req.Hits, now, results)
+	}
+	off := 0
+	for i := range ts {
+		n := len(ts[i].res.Limits)
+		ts[i].states = states[off : off+n]
+		off += n
+	}
+	return limits, results, allowed
+}
+
+// plan chooses how t will be written and the states its decision starts
+// from.
+func (t *target) plan(now int64) {
+	it := t.item
+	limits := t.res.Limits
+	t.base = make([]bucket.State, len(limits))
+	switch {
+	case it == nil || it.expired(now):
+		t.mode = create
+		for i, l := range limits {
+			t.base[i] = bucket.Full(l, now)
+		}
+	case it.cfg != t.fp:
+		t.mode = rewrite
+		copy(t.base, bucket.Reconcile(it.limits, it.states, limits, now))
+	default:
+		t.mode = incremental
+		for i, l := range limits {
+			s, ok := it.stateOf(l.Name)
+			if !ok {
+				// Same fingerprint, missing attribute: a damaged item;
+				// rebuild it rather than fail forever (pitfall 3).
+				t.mode = rewrite
+				s = bucket.Full(l, now)
+			}
+			t.base[i] = s
+		}
+	}
+}
+
+// recentEnough reports whether every target's view may decide a denial:
+// read during this decision, or seen at most MaxDenyStaleness ago.
+func (b *Backend) recentEnough(ts []target, now int64) bool {
+	limit := b.opts.MaxDenyStaleness.Milliseconds()
+	for i := range ts {
+		t := &ts[i]
+		if !t.fresh && (limit < 0 || t.seenAt == 0 || now-t.seenAt > limit) {
+			return false
+		}
+	}
+	return true
+}
+
+// refresh reads every target's item with a strongly consistent read.
+func (b *Backend) refresh(ctx context.Context, ts []target) error {
+	for i := range ts {
+		out, err := b.api.GetItem(ctx, &dynamodb.GetItemInput{
+			TableName:              aws.String(b.table),
+			Key:                    b.itemKey(ts[i].key),
+			ConsistentRead:         aws.Bool(true),
+			ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
+		})
+		b.stats.call("GetItem", err)
+		if err != nil {
+			return fmt.Errorf("reading bucket %q/%q: %w", ts[i].key.entity, ts[i].key.resource, err)
+		}
+		b.stats.consumedRead(out.ConsumedCapacity)
+		if err := b.saw(&ts[i], out.Item); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// saw records an item state the table returned for t.
+func (b *Backend) saw(t *target, av map[string]types.AttributeValue) error {
+	it, err := decodeBucket(av)
+	if err != nil {
+		return fmt.Errorf("bucket %q/%q: %w", t.key.entity, t.key.resource, err)
+	}
+	t.item, t.fresh = it, true
+	b.seen.Add(t.key, seenItem{item: it, at: b.now()})
+	return nil
+}
+
+func (b *Backend) itemKey(k bucketKey) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{
+		attrPK: str(b.keys.EntityPK(k.entity)),
+		attrSK: str(b.keys.BucketSK(k.resource)),
+	}
+}
+
+// ttlSeconds is the ttl attribute a bucket written now gets, by ADR-119
+// and ADR-128, or 0 for none.
+func (b *Backend) ttlSeconds(res backend.Resolved, now int64) int64 {
+	ttl, ok := backend.BucketTTL(res, b.opts.TTLMultiplier)
+	if !ok {
+		return 0
+	}
+	const far = int64(1) << 50 // ~35,000 years in ms: "never", without overflow
+	return ceilSeconds(now + min(ttl, far))
+}
+
+// errLostRace reports a write whose condition failed because another
+// writer got there first; the targets then hold the state the table
+// returned, and the decision is recomputed.
+type errLostRace struct{ cause error }
+
+func (e errLostRace) Error() string { return "lost a write race: " + e.cause.Error() }
+func (e errLostRace) Unwrap() error { return e.cause }

@@ -1,0 +1,554 @@
+package dynamodb
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
+)
+
+// testClock is a settable clock in epoch milliseconds shared by the
+// replicas of a test.
+type testClock struct{ ms atomic.Int64 }
+
+func (c *testClock) now() int64       { return c.ms.Load() }
+func (c *testClock) advance(ms int64) { c.ms.Add(ms) }
+
+// env is one test's table on DynamoDB Local.
+type env struct {
+	client *dynamodb.Client
+	table  string
+	clock  *testClock
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	srv := dynamodbtest.Require(t)
+	table := srv.NewTable(t, func(ctx context.Context, c *dynamodb.Client, name string) error {
+		_, err := CreateTable(ctx, c, name)
+		return err
+	})
+	clk := &testClock{}
+	clk.ms.Store(time.Now().UnixMilli())
+	return &env{client: srv.Client(context.Background()), table: table, clock: clk}
+}
+
+// replica is one Sluice process's backend on the test's table.
+func (e *env) replica(t *testing.T, opts Options, api ...API) *Backend {
+	t.Helper()
+	opts.Table = e.table
+	if opts.Now == nil {
+		opts.Now = e.clock.now
+	}
+	if opts.TTLMultiplier == 0 {
+		opts.TTLMultiplier = backend.DefaultTTLMultiplier
+	}
+	var a API = e.client
+	if len(api) > 0 {
+		a = api[0]
+	}
+	b, err := New(a, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func lim(t *testing.T, name, rate string, burst int64) bucket.Limit {
+	t.Helper()
+	s := bucket.Spec{Name: name, Rate: rate}
+	if burst > 0 {
+		s.Burst = &burst
+	}
+	l, err := s.Limit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func mustDecide(t *testing.T, b *Backend, req backend.Request) backend.Decision {
+	t.Helper()
+	d, err := b.Decide(context.Background(), &req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// rawItem reads a bucket item as stored.
+func (e *env) rawItem(t *testing.T, pk, sk string) map[string]types.AttributeValue {
+	t.Helper()
+	out, err := e.client.GetItem(context.Background(), &dynamodb.GetItemInput{
+		TableName: aws.String(e.table), ConsistentRead: aws.Bool(true),
+		Key: map[string]types.AttributeValue{attrPK: str(pk), attrSK: str(sk)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.Item
+}
+
+func attrN(t *testing.T, item map[string]types.AttributeValue, name string) int64 {
+	t.Helper()
+	n, ok := item[name].(*types.AttributeValueMemberN)
+	if !ok {
+		t.Fatalf("attribute %s missing or not a number in %v", name, item)
+	}
+	v, err := strconv.ParseInt(n.Value, 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func attrS(item map[string]types.AttributeValue, name string) string {
+	if s, ok := item[name].(*types.AttributeValueMemberS); ok {
+		return s.Value
+	}
+	return ""
+}
+
+func TestItemLayout(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{KeyPrefix: "t1"})
+	limits := []bucket.Limit{lim(t, "rpm", "60/min", 0), lim(t, "tpm.v1-x", "1000/min", 1500)}
+	limits[0].PerRequest = true
+	req := backend.Request{Entity: "acme", Resource: "chat:gpt", Defaults: limits, Hits: 100}
+	start := e.clock.now()
+	mustDecide(t, b, req)
+	e.clock.advance(1000)
+	mustDecide(t, b, req)
+
+	item := e.rawItem(t, "t1/ENTITY#acme", "#BUCKET#chat:gpt")
+	want := map[string]string{
+		attrGSI2PK: "t1/RESOURCE#chat:gpt", attrGSI2SK: "BUCKET#acme",
+		attrEntity: "acme", attrResource: "chat:gpt", attrCfg: bucket.Fingerprint(limits),
+	}
+	for k, v := range want {
+		if got := attrS(item, k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	nums := map[string]int64{
+		// rpm: 60 full, one per request (2), refilled 1 s at 1/s: 59.
+		"b_rpm_tk": 59_000, "b_rpm_cp": 60_000, "b_rpm_bx": 60_000, "b_rpm_ra": 60_000, "b_rpm_rp": 60_000, "b_rpm_tc": 2000,
+		// tpm: 1500 - 100, then 1 s of refill at 1000/min in whole steps
+		// of 3 ms = 50 millitokens: 333 steps = 16.65 tokens, - 100.
+		"b_tpm.v1-x_cp": 1_000_000, "b_tpm.v1-x_bx": 1_500_000, "b_tpm.v1-x_ra": 1_000_000,
+		"b_tpm.v1-x_rp": 60_000, "b_tpm.v1-x_tc": 200_000, "b_tpm.v1-x_tk": 1_316_650,
+	}
+	for k, v := range nums {
+		if got := attrN(t, item, k); got != v {
+			t.Errorf("%s = %d, want %d", k, got, v)
+		}
+	}
+	if rf := attrN(t, item, "b_rpm_rf"); rf != start+1000 {
+		t.Errorf("rpm clock %d, want %d", rf, start+1000)
+	}
+	// The tpm clock moved by the 333 whole steps only: the last 1 ms
+	// waits for the next step.
+	if rf := attrN(t, item, "b_tpm.v1-x_rf"); rf != start+999 {
+		t.Errorf("tpm clock %d, want %d", rf, start+999)
+	}
+	// Resource default: ttl = now + 7 x the slowest time to fill (tpm: 1500
+	// tokens at 1000/min = 90 s).
+	if ttl := attrN(t, item, attrTTL); ttl != ceilSeconds(start+1000+7*90_000) {
+		t.Errorf("ttl %d, want %d", ttl, ceilSeconds(start+1000+7*90_000))
+	}
+}
+
+func TestWarmDecisionIsOneUpdateAndNoRead(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1000/s", 0)}, Hits: 1}
+	mustDecide(t, b, req) // cold: config read + create
+	calls0, _ := b.Stats().Calls()
+	reads0 := b.Stats().ReadMilliUnits.Load()
+	for i := 0; i < 20; i++ {
+		e.clock.advance(3)
+		if !mustDecide(t, b, req).Allowed {
+			t.Fatal("denied")
+		}
+	}
+	calls, _ := b.Stats().Calls()
+	if calls["UpdateItem"]-calls0["UpdateItem"] != 20 || calls["GetItem"] != calls0["GetItem"] ||
+		calls["BatchGetItem"] != calls0["BatchGetItem"] || calls["PutItem"] != calls0["PutItem"] {
+		t.Fatalf("20 warm decisions made calls %v (before: %v)", calls, calls0)
+	}
+	if b.Stats().ReadMilliUnits.Load() != reads0 {
+		t.Fatal("warm decisions consumed read capacity")
+	}
+}
+
+// Pitfall 1: consumption on a full bucket moves its clock, so idle time
+// is not credited twice.
+func TestIdleBurstAdmitsOnlyTheBurst(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "10/s", 20)}, Hits: 1}
+	mustDecide(t, b, req)
+	e.clock.advance(3_600_000)
+	admitted := 0
+	for i := 0; i < 45; i++ {
+		if mustDecide(t, b, req).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 20 {
+		t.Fatalf("after an idle hour a burst admitted %d, want 20", admitted)
+	}
+}
+
+// Pitfall 2: a slow limit beside a fast one refills at its own pace.
+func TestSlowLimitBesideFastLimit(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{})
+	limits := []bucket.Limit{lim(t, "rps", "10/s", 0), lim(t, "rpd", "10/day", 0)}
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: limits, Hits: 1}
+	admitted := 0
+	for i := 0; i < 2*24*6; i++ { // every 10 min for two days
+		if mustDecide(t, b, req).Allowed {
+			admitted++
+		}
+		e.clock.advance(600_000)
+	}
+	if want := 10 + 20; admitted < want-1 || admitted > want {
+		t.Fatalf("admitted %d over two days, want %d (burst + 2 days of 10/day)", admitted, want)
+	}
+}
+
+// Pitfalls 3 and 4: changed limits reach an existing bucket on its next
+// write, through the cfg fingerprint, and the 60 s cache (here 1 ms).
+func TestChangedLimitsReachExistingBucket(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{ConfigCacheTTL: time.Millisecond})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "rpm", "2/min", 0)}, Hits: 1}
+	mustDecide(t, b, req)
+	mustDecide(t, b, req)
+	if mustDecide(t, b, req).Allowed {
+		t.Fatal("burst of 2 not exhausted")
+	}
+	// A limit is added (pitfall 3): the bucket is rewritten, rpm keeps its
+	// empty state, the new limit starts full; no "denied forever".
+	req.Defaults = []bucket.Limit{lim(t, "rpm", "2/min", 0), lim(t, "tpm", "100/min", 0)}
+	d := mustDecide(t, b, req)
+	if d.Allowed || d.Limits[d.Binding].Name != "rpm" || d.Results[1].Tokens != 100_000 {
+		t.Fatalf("after adding tpm: %+v", d)
+	}
+	e.clock.advance(30_000) // one rpm token
+	if d := mustDecide(t, b, req); !d.Allowed || d.Results[1].Tokens != 99_000 {
+		t.Fatalf("after a refill with two limits: %+v", d)
+	}
+	// An operator record raises the resource default (pitfall 4).
+	if err := b.WriteResourceConfig(context.Background(), "r", backend.Record{Limits: []bucket.Limit{lim(t, "big", "1000/min", 0)}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // past the cache TTL
+	d = mustDecide(t, b, req)
+	if !d.Allowed || len(d.Limits) != 1 || d.Limits[0].Name != "big" || d.Level != backend.LevelResource {
+		t.Fatalf("raised resource record not applied: %+v", d)
+	}
+	item := e.rawItem(t, "ENTITY#e", "#BUCKET#r")
+	if _, old := item["b_rpm_tk"]; old {
+		t.Error("removed limit still stored")
+	}
+	if attrS(item, attrCfg) != bucket.Fingerprint(d.Limits) {
+		t.Error("cfg not rewritten")
+	}
+}
+
+// Pitfall 8: a refund based on a stale view never lifts a bucket past its
+// burst, and concurrent consumption is never lost.
+func TestRefundFromStaleViewCapsAtBurst(t *testing.T) {
+	e := newEnv(t)
+	a, other := e.replica(t, Options{}), e.replica(t, Options{})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 10)}, Hits: 5}
+	mustDecide(t, a, req) // a sees 5 left
+	mustDecide(t, other, backend.Request{Entity: "e", Resource: "r", Defaults: req.Defaults, Hits: 3})
+	// a refunds 5 from its view (5 -> 10); the table has 2: 7 is right.
+	refund := req
+	refund.Refund = true
+	mustDecide(t, a, refund)
+	if tk := attrN(t, e.rawItem(t, "ENTITY#e", "#BUCKET#r"), "b_x_tk"); tk != 7_000 {
+		t.Fatalf("after a stale refund: %d millitokens, want 7000", tk)
+	}
+	refund.Hits = 1000
+	mustDecide(t, a, refund)
+	if tk := attrN(t, e.rawItem(t, "ENTITY#e", "#BUCKET#r"), "b_x_tk"); tk != 10_000 {
+		t.Fatalf("refund past the burst: %d millitokens", tk)
+	}
+}
+
+// Pitfall 9: an item past its ttl, not yet deleted, counts as absent.
+func TestExpiredItemCountsAsAbsent(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{})
+	limits := []bucket.Limit{lim(t, "x", "1/hour", 3)}
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: limits, Hits: 3}
+	mustDecide(t, b, req)
+	item := e.rawItem(t, "ENTITY#e", "#BUCKET#r")
+	ttl := attrN(t, item, attrTTL)
+	e.clock.ms.Store(ttl * 1000)
+	fresh := e.replica(t, Options{}) // no cached view either
+	if d := mustDecide(t, fresh, req); !d.Allowed {
+		t.Fatalf("expired item treated as live: %+v", d)
+	}
+	if d := mustDecide(t, b, req); d.Allowed {
+		t.Fatalf("recreated bucket admitted a second burst: %+v", d)
+	}
+}
+
+// TTL by source (ADR-119, ADR-128): operator entity configs keep their
+// buckets forever; sync-written configs and defaults expire; upgrading
+// removes the ttl and downgrading adds it back; each write moves it.
+func TestTTLBySource(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{ConfigCacheTTL: time.Millisecond})
+	limits := []bucket.Limit{lim(t, "x", "10/s", 0)} // fills in 1 s
+	req := backend.Request{Entity: "vip", Resource: "r", Defaults: limits, Hits: 1}
+	ttlOf := func() (int64, bool) {
+		item := e.rawItem(t, "ENTITY#vip", "#BUCKET#r")
+		if _, ok := item[attrTTL]; !ok {
+			return 0, false
+		}
+		return attrN(t, item, attrTTL), true
+	}
+	pause := func() { time.Sleep(3 * time.Millisecond) }
+
+	mustDecide(t, b, req)
+	if ttl, ok := ttlOf(); !ok || ttl != ceilSeconds(e.clock.now()+7_000) {
+		t.Fatalf("default-sourced: ttl %d %v", ttl, ok)
+	}
+	e.clock.advance(5_000)
+	mustDecide(t, b, req)
+	if ttl, _ := ttlOf(); ttl != ceilSeconds(e.clock.now()+7_000) {
+		t.Fatalf("ttl did not move with the write: %d", ttl)
+	}
+	// Upgrade: an operator-written entity config removes the ttl.
+	if err := b.WriteEntityConfig(context.Background(), "vip", "r", backend.Record{Limits: limits}, 0); err != nil {
+		t.Fatal(err)
+	}
+	pause()
+	mustDecide(t, b, req)
+	if ttl, ok := ttlOf(); ok {
+		t.Fatalf("operator entity config: ttl %d still set", ttl)
+	}
+	// A sync-written entity config: ttl again.
+	if err := b.WriteEntityConfig(context.Background(), "vip", "r", backend.Record{Limits: limits}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	pause()
+	mustDecide(t, b, req)
+	if _, ok := ttlOf(); !ok {
+		t.Fatal("sync-written entity config: no ttl")
+	}
+	cfg := e.rawItem(t, "ENTITY#vip", "#CONFIG#r")
+	if ttl := attrN(t, cfg, attrTTL); ttl != ceilSeconds(e.clock.now()+3*3_600_000) {
+		t.Fatalf("sync-written config ttl %d, want now + 3 x sync window", ttl)
+	}
+	// TTL management off.
+	off := e.replica(t, Options{TTLMultiplier: -1})
+	mustDecide(t, off, backend.Request{Entity: "anon", Resource: "r", Defaults: limits, Hits: 1})
+	if _, ok := e.rawItem(t, "ENTITY#anon", "#BUCKET#r")[attrTTL]; ok {
+		t.Fatal("TTL management off still set a ttl")
+	}
+}
+
+// Pitfall 5: limit names with '-' and '.' (and spaces) go through
+// placeholders.
+func TestOddLimitNames(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{})
+	limits := []bucket.Limit{lim(t, "tokens-per.min", "5/min", 0), lim(t, "a b#c", "5/min", 0)}
+	req := backend.Request{Entity: "e#1", Resource: "r%2", Defaults: limits, Hits: 1}
+	for i := 0; i < 5; i++ {
+		if !mustDecide(t, b, req).Allowed {
+			t.Fatalf("request %d denied", i)
+		}
+	}
+	if mustDecide(t, b, req).Allowed {
+		t.Fatal("sixth request admitted")
+	}
+}
+
+// faulty wraps the real client and injects faults.
+type faulty struct {
+	API
+	unprocessedOnce atomic.Bool
+	failUpdates     atomic.Bool
+}
+
+func (f *faulty) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	if f.unprocessedOnce.CompareAndSwap(true, false) {
+		// Answer nothing and leave every key unprocessed, as DynamoDB does
+		// under load.
+		return &dynamodb.BatchGetItemOutput{UnprocessedKeys: in.RequestItems}, nil
+	}
+	return f.API.BatchGetItem(ctx, in, o...)
+}
+
+func (f *faulty) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	if f.failUpdates.Load() {
+		return nil, errors.New("injected: throughput exceeded")
+	}
+	return f.API.UpdateItem(ctx, in, o...)
+}
+
+// Pitfall 6: unprocessed keys are asked again, never read as "absent".
+func TestUnprocessedKeysAreRetried(t *testing.T) {
+	e := newEnv(t)
+	f := &faulty{API: e.client}
+	b := e.replica(t, Options{}, f)
+	if err := b.WriteEntityConfig(context.Background(), "e", "r", backend.Record{Limits: []bucket.Limit{lim(t, "ent", "1/min", 0)}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	f.unprocessedOnce.Store(true)
+	d := mustDecide(t, b, backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "def", "100/min", 0)}, Hits: 1})
+	if d.Level != backend.LevelEntity || d.Limits[0].Name != "ent" {
+		t.Fatalf("unprocessed keys read as absent: %+v", d)
+	}
+	if calls, _ := b.Stats().Calls(); calls["BatchGetItem"] != 2 {
+		t.Fatalf("BatchGetItem calls %d, want 2", calls["BatchGetItem"])
+	}
+}
+
+// Pitfall 7: an error on the write path is an error (for the failure
+// policy), not a decision.
+func TestWriteErrorsReachTheCaller(t *testing.T) {
+	e := newEnv(t)
+	f := &faulty{API: e.client}
+	b := e.replica(t, Options{}, f)
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "100/min", 0)}, Hits: 1}
+	mustDecide(t, b, req) // create (PutItem)
+	f.failUpdates.Store(true)
+	if _, err := b.Decide(context.Background(), &req); err == nil {
+		t.Fatal("a failed UpdateItem produced a decision")
+	}
+	if _, errs := b.Stats().Calls(); errs["UpdateItem"] != 1 {
+		t.Fatalf("update errors counted %v", errs)
+	}
+}
+
+func TestCascade(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{})
+	if err := b.WriteEntityConfig(context.Background(), "org", backend.DefaultResource, backend.Record{Limits: []bucket.Limit{lim(t, "org", "5/hour", 0)}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	defaults := []bucket.Limit{lim(t, "key", "4/hour", 0)}
+	admitted := map[string]int{}
+	for i := 0; i < 12; i++ {
+		k := []string{"k1", "k2"}[i%2]
+		if mustDecide(t, b, backend.Request{Entity: k, Parent: "org", Resource: "api", Defaults: defaults, Hits: 1}).Allowed {
+			admitted[k]++
+		}
+	}
+	if admitted["k1"]+admitted["k2"] != 5 || admitted["k1"] > 4 || admitted["k2"] > 4 {
+		t.Fatalf("cascade admitted %v, want 5 in all", admitted)
+	}
+	// The parent's denials left the children's tokens alone.
+	k1 := e.rawItem(t, "ENTITY#k1", "#BUCKET#api")
+	if tk := attrN(t, k1, "b_key_tk"); tk != int64(4-admitted["k1"])*1000 {
+		t.Fatalf("child k1 holds %d after parent denials", tk)
+	}
+}
+
+// Pitfall 10: transaction conflicts between concurrent cascades are
+// retried, never answered as over the limit.
+func TestConcurrentCascadesAreNotDeniedByConflicts(t *testing.T) {
+	e := newEnv(t)
+	defaults := []bucket.Limit{lim(t, "x", "1000000/s", 0)}
+	var wg sync.WaitGroup
+	var denied, failed atomic.Int64
+	for r := 0; r < 3; r++ {
+		b := e.replica(t, Options{MaxAttempts: 50})
+		for g := 0; g < 8; g++ {
+			wg.Add(1)
+			go func(g int) {
+				defer wg.Done()
+				for i := 0; i < 10; i++ {
+					d, err := b.Decide(context.Background(), &backend.Request{Entity: "child" + strconv.Itoa(g%2), Parent: "org", Resource: "r", Defaults: defaults, Hits: 1})
+					switch {
+					case err != nil:
+						failed.Add(1)
+					case !d.Allowed:
+						denied.Add(1)
+					}
+				}
+			}(g)
+		}
+	}
+	wg.Wait()
+	if denied.Load() != 0 || failed.Load() != 0 {
+		t.Fatalf("%d denied and %d failed under a limit nobody reached", denied.Load(), failed.Load())
+	}
+}
+
+// The accuracy bar of DESIGN section 10, in real time: three replicas
+// (separate clients) with 50 callers each on one key, burst 100 and 10/s
+// for 10 s, admit at most B + R*T (+1 for rounding) and not far below.
+func TestAccuracyAcrossReplicas(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 10 s")
+	}
+	e := newEnv(t)
+	srv := dynamodbtest.Require(t)
+	defaults := []bucket.Limit{lim(t, "x", "10/s", 100)}
+	var admitted, failed atomic.Int64
+	start := time.Now()
+	deadline := start.Add(10 * time.Second)
+	var wg sync.WaitGroup
+	var replicas []*Backend
+	defer func() {
+		for _, b := range replicas {
+			calls, errs := b.Stats().Calls()
+			t.Logf("replica: calls %v errors %v retries %d", calls, errs, b.Stats().ConditionRetries.Load())
+		}
+	}()
+	for r := 0; r < 3; r++ {
+		b, err := New(srv.Client(context.Background()), Options{Table: e.table, TTLMultiplier: 7, MaxAttempts: 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		replicas = append(replicas, b)
+		for g := 0; g < 50; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(deadline) {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+					d, err := b.Decide(ctx, &backend.Request{Entity: "hot", Resource: "r", Defaults: defaults, Hits: 1})
+					cancel()
+					switch {
+					case err != nil:
+						if failed.Add(1) <= 3 {
+							t.Logf("decision failed: %v", err)
+						}
+					case d.Allowed:
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	// Calls still running at the deadline were admitted a little after it.
+	bound := 100 + int64(10*elapsed.Seconds()) + 1
+	t.Logf("admitted %d in %v (bound %d), %d failed", admitted.Load(), elapsed.Round(time.Millisecond), bound, failed.Load())
+	if n := admitted.Load(); n > bound || n < 180 {
+		t.Fatalf("admitted %d, want between 180 and %d", n, bound)
+	}
+}

@@ -1,0 +1,211 @@
+package dynamodb
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/hashicorp/golang-lru/v2/expirable"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/sluice-rl/sluice/backend"
+)
+
+// recordSet is what one bucket's resolution needs from the table: the
+// records of levels 1 to 4, each possibly absent. It is cached whole, so
+// a miss (nothing configured) is cached too.
+type recordSet struct {
+	entity, entityDefault, resource, system backend.Record
+	hasEntity, hasEntityDefault, hasRes     bool
+	hasSystem                               bool
+}
+
+// Entity, Resource and System let a recordSet stand in for the store in
+// backend.Resolve, for the one bucket it was fetched for.
+func (r *recordSet) Entity(_ context.Context, _, resource string) (backend.Record, bool, error) {
+	if resource == backend.DefaultResource {
+		return r.entityDefault, r.hasEntityDefault, nil
+	}
+	return r.entity, r.hasEntity, nil
+}
+
+func (r *recordSet) Resource(context.Context, string) (backend.Record, bool, error) {
+	return r.resource, r.hasRes, nil
+}
+
+func (r *recordSet) System(context.Context) (backend.Record, bool, error) {
+	return r.system, r.hasSystem, nil
+}
+
+// records reads config records through a bounded LRU whose entries live
+// for the cache TTL (60 s by default): an operator's change reaches every
+// replica within that time, and a warm bucket costs no config read at all.
+// Concurrent misses for one key share one fetch; no lock is held across
+// I/O.
+type records struct {
+	api    API
+	table  string
+	keys   Keys
+	now    func() int64
+	cache  *expirable.LRU[string, *recordSet]
+	flight singleflight.Group
+	stats  *Stats
+}
+
+func newRecords(api API, table string, keys Keys, size int, ttl time.Duration, now func() int64, stats *Stats) *records {
+	return &records{
+		api: api, table: table, keys: keys, now: now, stats: stats,
+		cache: expirable.NewLRU[string, *recordSet](size, nil, ttl),
+	}
+}
+
+func (r *records) get(ctx context.Context, entity, resource string) (*recordSet, error) {
+	key := entity + "\x00" + resource
+	if rs, ok := r.cache.Get(key); ok {
+		r.stats.CacheHits.Add(1)
+		return rs, nil
+	}
+	r.stats.CacheMisses.Add(1)
+	v, err, _ := r.flight.Do(key, func() (any, error) {
+		rs, err := r.fetch(ctx, entity, resource)
+		if err != nil {
+			return nil, err
+		}
+		r.cache.Add(key, rs)
+		return rs, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*recordSet), nil
+}
+
+// fetch reads the four records with one BatchGetItem. Keys DynamoDB
+// leaves unprocessed are asked again (with backoff, within ctx), never
+// taken as absent (pitfall 6): an absent answer is cached for a minute.
+func (r *records) fetch(ctx context.Context, entity, resource string) (*recordSet, error) {
+	type slot struct {
+		pk, sk string
+		rec    *backend.Record
+		has    *bool
+	}
+	rs := &recordSet{}
+	slots := []slot{
+		{r.keys.EntityPK(entity), r.keys.ConfigSK(resource), &rs.entity, &rs.hasEntity},
+		{r.keys.ResourcePK(resource), ResourceConfigSK(), &rs.resource, &rs.hasRes},
+		{r.keys.SystemPK(), ResourceConfigSK(), &rs.system, &rs.hasSystem},
+	}
+	if resource != backend.DefaultResource {
+		slots = append(slots, slot{r.keys.EntityPK(entity), r.keys.ConfigSK(backend.DefaultResource), &rs.entityDefault, &rs.hasEntityDefault})
+	}
+	keys := make([]map[string]types.AttributeValue, len(slots))
+	for i, s := range slots {
+		keys[i] = map[string]types.AttributeValue{attrPK: str(s.pk), attrSK: str(s.sk)}
+	}
+	found := map[[2]string]map[string]types.AttributeValue{}
+	pending := map[string]types.KeysAndAttributes{r.table: {Keys: keys}}
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt > 0 {
+			if err := sleep(ctx, backoff(attempt)); err != nil {
+				return nil, fmt.Errorf("config records of %q/%q: unprocessed keys left: %w", entity, resource, err)
+			}
+		}
+		out, err := r.api.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{
+			RequestItems:           pending,
+			ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
+		})
+		r.stats.call("BatchGetItem", err)
+		if err != nil {
+			return nil, fmt.Errorf("reading config records of %q/%q: %w", entity, resource, err)
+		}
+		r.stats.consumedRead(each(out.ConsumedCapacity)...)
+		for _, av := range out.Responses[r.table] {
+			pk, _ := av[attrPK].(*types.AttributeValueMemberS)
+			sk, _ := av[attrSK].(*types.AttributeValueMemberS)
+			if pk != nil && sk != nil {
+				found[[2]string{pk.Value, sk.Value}] = av
+			}
+		}
+		pending = out.UnprocessedKeys
+	}
+	now := r.now()
+	for _, s := range slots {
+		rec, ok, err := decodeRecord(found[[2]string{s.pk, s.sk}], now)
+		if err != nil {
+			return nil, fmt.Errorf("config record %s %s: %w", s.pk, s.sk, err)
+		}
+		*s.rec, *s.has = rec, ok
+	}
+	return rs, nil
+}
+
+// backoff is a jittered exponential delay for retry attempt n (n >= 1).
+func backoff(n int) time.Duration {
+	d := 5 * time.Millisecond << min(n-1, 6)
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// WriteEntityConfig stores an entity's limits for resource (or for
+// backend.DefaultResource). A syncWindow > 0 marks the config as written by
+// an automated sync (ADR-128): it carries ttl = now + 3 x syncWindow and
+// its buckets expire like default-sourced ones; 0 writes an operator
+// config without ttl, whose buckets never expire.
+func (b *Backend) WriteEntityConfig(ctx context.Context, entity, resource string, rec backend.Record, syncWindow time.Duration) error {
+	av := map[string]types.AttributeValue{
+		attrPK: str(b.keys.EntityPK(entity)), attrSK: str(b.keys.ConfigSK(resource)),
+		attrEntity: str(entity), attrResource: str(resource),
+	}
+	if syncWindow > 0 {
+		av[attrTTL] = num(ceilSeconds(b.now() + 3*syncWindow.Milliseconds()))
+	}
+	return b.putConfig(ctx, av, rec)
+}
+
+// WriteResourceConfig stores the resource default of resource (level 3).
+func (b *Backend) WriteResourceConfig(ctx context.Context, resource string, rec backend.Record) error {
+	return b.putConfig(ctx, map[string]types.AttributeValue{
+		attrPK: str(b.keys.ResourcePK(resource)), attrSK: str(ResourceConfigSK()), attrResource: str(resource),
+	}, rec)
+}
+
+// WriteSystemConfig stores the system default (level 4).
+func (b *Backend) WriteSystemConfig(ctx context.Context, rec backend.Record) error {
+	return b.putConfig(ctx, map[string]types.AttributeValue{
+		attrPK: str(b.keys.SystemPK()), attrSK: str(ResourceConfigSK()),
+	}, rec)
+}
+
+func (b *Backend) putConfig(ctx context.Context, av map[string]types.AttributeValue, rec backend.Record) error {
+	for _, l := range rec.Limits {
+		if err := l.Validate(); err != nil {
+			return err
+		}
+	}
+	encodeRecord(av, rec)
+	out, err := b.api.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName: aws.String(b.table), Item: av, ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
+	})
+	b.stats.call("PutItem", err)
+	if err != nil {
+		return fmt.Errorf("writing config %v: %w", av[attrPK], err)
+	}
+	b.stats.consumedWrite(out.ConsumedCapacity)
+	return nil
+}
+
+func ceilSeconds(ms int64) int64 { return (ms + 999) / 1000 }
