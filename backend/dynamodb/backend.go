@@ -122,6 +122,10 @@ func New(api API, opts Options) (*Backend, error) {
 // Stats returns the backend's running totals.
 func (b *Backend) Stats() *Stats { return b.stats }
 
+// Close releases nothing today; it lets the backend stand where a
+// closable one is expected.
+func (b *Backend) Close() error { return nil }
+
 // Ping reports whether the table answers.
 func (b *Backend) Ping(ctx context.Context) error {
 	_, err := b.api.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(b.table)})

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/sluice-rl/sluice/backend"
+	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/memory"
 	"github.com/sluice-rl/sluice/descriptors"
 	"github.com/sluice-rl/sluice/ratelimit"
@@ -30,6 +31,8 @@ type serveOptions struct {
 	configDir                     string
 	backend                       string
 	overrides                     string
+	table, region, endpoint       string
+	keyPrefix                     string
 	onBackendError                string
 	ttlMultiplier                 int64
 	memoryMaxBuckets              int
@@ -71,8 +74,11 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 	f.StringVar(&o.httpAddr, "http-addr", ":8080", "address of /healthz and /readyz")
 	f.StringVar(&o.debugAddr, "debug-addr", "127.0.0.1:6070", "address of /debug/config (and pprof with --pprof); empty disables it")
 	f.StringVar(&o.configDir, "config-dir", "examples/config", "directory of rule files (*.yaml), hot-reloaded")
-	f.StringVar(&o.backend, "backend", "memory", "where buckets live: memory")
+	f.StringVar(&o.backend, "backend", "memory", "where buckets live: memory or dynamodb")
 	f.StringVar(&o.overrides, "overrides", "", "memory backend: YAML file of entity, resource and system limits")
+	f.StringVar(&o.table, "table", "", "dynamodb backend: the table (create it with sluice table create)")
+	f.StringVar(&o.keyPrefix, "key-prefix", "", "dynamodb backend: prefix of every partition key, to share a table")
+	addDynamoDBFlags(f, &o.region, &o.endpoint)
 	f.StringVar(&o.onBackendError, "on-backend-error", "error", "answer when the backend fails or is late: error (UNAVAILABLE), allow or deny")
 	f.Int64Var(&o.ttlMultiplier, "ttl-multiplier", backend.DefaultTTLMultiplier, "idle buckets expire after this many times their time to fill; <= 0 never")
 	f.IntVar(&o.memoryMaxBuckets, "memory-max-buckets", memory.DefaultMaxBuckets, "memory backend: most buckets held; least recently used go first")
@@ -93,7 +99,7 @@ type server struct {
 	httpSrv, debugSrv       *http.Server
 	grpcLn, httpLn, debugLn net.Listener
 	rules                   *descriptors.Watcher
-	backend                 *memory.Backend
+	backend                 servedBackend
 	service                 *ratelimit.Service
 	shuttingDown            atomic.Bool
 	shutdownTimeout         time.Duration
@@ -109,25 +115,21 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--on-backend-error: %w", err)}
 	}
-	if o.backend != "memory" {
-		return nil, usageError{fmt.Errorf("--backend %q: this build has only the memory backend", o.backend)}
-	}
-	var ov *memory.Overrides
-	if o.overrides != "" {
-		if ov, err = memory.LoadOverrides(o.overrides); err != nil {
-			return nil, err
-		}
+	be, err := openBackend(ctx, o)
+	if err != nil {
+		return nil, err
 	}
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	rules, err := descriptors.Watch(watchCtx, o.configDir, log)
 	if err != nil {
 		stopWatch()
+		be.Close()
 		return nil, err // it names the directory, and each file:line at fault
 	}
 	s := &server{
 		log:             log,
 		rules:           rules,
-		backend:         memory.New(memory.Options{Overrides: ov, TTLMultiplier: o.ttlMultiplier, MaxBuckets: o.memoryMaxBuckets}),
+		backend:         be,
 		shutdownTimeout: o.shutdownTimeout,
 		errc:            make(chan error, 3),
 		stopWatch:       stopWatch,
@@ -164,6 +166,49 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 		slog.String("config_dir", o.configDir), slog.Int("domains", len(rules.Current().Domains())),
 		slog.String("on_backend_error", policy.String()), slog.Bool("shadow_mode", o.shadowMode))
 	return s, nil
+}
+
+// servedBackend is what serve needs of a backend beyond deciding: a
+// readiness probe and a release.
+type servedBackend interface {
+	backend.Backend
+	Ping(context.Context) error
+	Close() error
+}
+
+// openBackend builds the backend --backend names. The DynamoDB backend's
+// table must exist: serve stops at once, naming the fix, rather than
+// failing every request.
+func openBackend(ctx context.Context, o serveOptions) (servedBackend, error) {
+	switch o.backend {
+	case "memory":
+		var ov *memory.Overrides
+		if o.overrides != "" {
+			var err error
+			if ov, err = memory.LoadOverrides(o.overrides); err != nil {
+				return nil, err
+			}
+		}
+		return memory.New(memory.Options{Overrides: ov, TTLMultiplier: o.ttlMultiplier, MaxBuckets: o.memoryMaxBuckets}), nil
+	case "dynamodb":
+		if o.table == "" {
+			return nil, usageError{errors.New("--backend dynamodb needs --table (create it with: sluice table create --table NAME)")}
+		}
+		if o.overrides != "" {
+			return nil, usageError{errors.New("--overrides is for the memory backend; the dynamodb backend keeps its limits in the table")}
+		}
+		client, err := newDynamoDBClient(ctx, o.region, o.endpoint)
+		if err != nil {
+			return nil, err
+		}
+		checkCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := ddb.CheckTable(checkCtx, client, o.table); err != nil {
+			return nil, err
+		}
+		return ddb.New(client, ddb.Options{Table: o.table, KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier})
+	}
+	return nil, usageError{fmt.Errorf("--backend %q: want memory or dynamodb", o.backend)}
 }
 
 func (s *server) listen(o serveOptions) error {

@@ -13,10 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+
+	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
 )
 
 const rulesV1 = `domain: edge
@@ -256,5 +261,57 @@ func TestFlagsFromEnvironment(t *testing.T) {
 		if got := cmd.Flags().Lookup(flag).Value.String(); got != want {
 			t.Errorf("--%s = %q, want %q", flag, got, want)
 		}
+	}
+}
+
+// serve on the DynamoDB backend: a missing table stops it at once with the
+// fix; with the table it decides through DynamoDB Local.
+func TestServeOnDynamoDB(t *testing.T) {
+	srv := dynamodbtest.Require(t)
+	awsEnv(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	table := dynamodbtest.TableName(t)
+	local := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "",
+		"--config-dir", dir, "--backend", "dynamodb", "--table", table, "--region", "us-east-1", "--endpoint", srv.Endpoint()}
+
+	out, code := sluice(t, append([]string{"serve"}, local...)...)
+	if code != 1 || !strings.Contains(out, "sluice table create --table "+table) {
+		t.Fatalf("serve on a missing table: exit %d\n%s", code, out)
+	}
+	if out, code := sluice(t, "serve", "--backend", "dynamodb", "--config-dir", dir); code != 2 || !strings.Contains(out, "--table") {
+		t.Fatalf("serve without --table: exit %d\n%s", code, out)
+	}
+	if out, code := sluice(t, "table", "create", "--table", table, "--region", "us-east-1", "--endpoint", srv.Endpoint()); code != 0 {
+		t.Fatalf("table create: exit %d\n%s", code, out)
+	}
+
+	o := testOptions(dir)
+	o.backend, o.table, o.region, o.endpoint, o.keyPrefix = "dynamodb", table, "us-east-1", srv.Endpoint(), "e2e"
+	s, _, _ := startTestServer(t, o)
+	if code, body := get(t, "http://"+s.httpLn.Addr().String()+"/readyz"); code != 200 {
+		t.Fatalf("/readyz %d %s", code, body)
+	}
+	args := []string{"check", "--addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.1.1.1"}
+	for i := 0; i < 2; i++ {
+		if out, code := sluice(t, args...); code != 0 || !strings.HasPrefix(out, "OK") {
+			t.Fatalf("check %d: exit %d\n%s", i, code, out)
+		}
+	}
+	if out, code := sluice(t, args...); code != 0 || !strings.HasPrefix(out, "OVER_LIMIT") {
+		t.Fatalf("third check: exit %d\n%s", code, out)
+	}
+	// The bucket is in the table, under the key prefix.
+	item, err := srv.Client(t.Context()).GetItem(t.Context(), &dynamodb.GetItemInput{
+		TableName: aws.String(table),
+		Key: map[string]types.AttributeValue{
+			"PK": &types.AttributeValueMemberS{Value: "e2e/ENTITY#10.1.1.1"},
+			"SK": &types.AttributeValueMemberS{Value: "#BUCKET#edge/remote_address"},
+		},
+	})
+	if err != nil || len(item.Item) == 0 {
+		t.Fatalf("bucket item not found: %v %v", item, err)
 	}
 }

@@ -32,6 +32,7 @@ func awsEnv(t *testing.T) {
 		"AWS_ENDPOINT_URL":            "",
 		"AWS_ENDPOINT_URL_DYNAMODB":   "",
 		"AWS_MAX_ATTEMPTS":            "1",
+		"AWS_EC2_METADATA_DISABLED":   "true",
 		"SLUICE_TABLE":                "",
 		"SLUICE_REGION":               "",
 		"SLUICE_ENDPOINT":             "",
