@@ -552,3 +552,32 @@ func TestAccuracyAcrossReplicas(t *testing.T) {
 		t.Fatalf("admitted %d, want between 180 and %d", n, bound)
 	}
 }
+
+// A denial from a view seen less than MaxDenyStaleness ago costs no call;
+// an older view is confirmed with a consistent read, which sees a refund
+// made by another replica.
+func TestDenialFromRecentViewCostsNoCall(t *testing.T) {
+	e := newEnv(t)
+	a, other := e.replica(t, Options{}), e.replica(t, Options{})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 2)}, Hits: 2}
+	mustDecide(t, a, req)
+	calls0, _ := a.Stats().Calls()
+	for i := 0; i < 10; i++ {
+		if mustDecide(t, a, req).Allowed {
+			t.Fatal("admitted past the burst")
+		}
+	}
+	if calls, _ := a.Stats().Calls(); calls["GetItem"] != calls0["GetItem"] || calls["UpdateItem"] != calls0["UpdateItem"] {
+		t.Fatalf("denials called DynamoDB: %v then %v", calls0, calls)
+	}
+	refund := req
+	refund.Refund = true
+	mustDecide(t, other, refund)
+	e.clock.advance(1001) // past the staleness bound
+	if d := mustDecide(t, a, req); !d.Allowed {
+		t.Fatalf("refund elsewhere not seen after the staleness bound: %+v", d)
+	}
+	if calls, _ := a.Stats().Calls(); calls["GetItem"] != calls0["GetItem"]+1 {
+		t.Fatalf("GetItem calls %d, want one confirming read", calls["GetItem"]-calls0["GetItem"])
+	}
+}
