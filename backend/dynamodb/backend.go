@@ -171,13 +171,22 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	var buf [2]target
 	ts := buf[:0]
 	level := backend.LevelNone
-	for i, entity := range [2]string{req.Entity, req.Parent} {
+	// The parent comes from the rule's parent template, else from the
+	// entity's META item when it asks for cascade.
+	parent := req.Parent
+	for i, entity := range [2]string{req.Entity, ""} {
+		if i == 1 {
+			entity = parent
+		}
 		if entity == "" || (i == 1 && entity == req.Entity) {
 			continue
 		}
 		rs, err := b.records.get(ctx, entity, req.Resource)
 		if err != nil {
 			return backend.Decision{}, err
+		}
+		if i == 0 && parent == "" {
+			parent = rs.parent
 		}
 		res, err := backend.Resolve(ctx, rs, entity, req.Resource, req.Defaults)
 		if err != nil {

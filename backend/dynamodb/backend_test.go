@@ -581,3 +581,41 @@ func TestDenialFromRecentViewCostsNoCall(t *testing.T) {
 		t.Fatalf("GetItem calls %d, want one confirming read", calls["GetItem"]-calls0["GetItem"])
 	}
 }
+
+// A cascade declared in the entity's META item (parent and cascade: true)
+// charges the parent as a parent template would; without cascade it does
+// not.
+func TestCascadeFromMeta(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{})
+	ctx := context.Background()
+	if err := b.WriteEntityConfig(ctx, "org", backend.DefaultResource, backend.Record{Limits: []bucket.Limit{lim(t, "org", "2/hour", 0)}}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteEntityMeta(ctx, "k1", "org", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.WriteEntityMeta(ctx, "k2", "org", false); err != nil {
+		t.Fatal(err)
+	}
+	defaults := []bucket.Limit{lim(t, "key", "10/hour", 0)}
+	admitted := func(entity string) int {
+		n := 0
+		for i := 0; i < 5; i++ {
+			if mustDecide(t, b, backend.Request{Entity: entity, Resource: "api", Defaults: defaults, Hits: 1}).Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	if n := admitted("k1"); n != 2 {
+		t.Fatalf("k1 (cascade to org, 2/hour) admitted %d", n)
+	}
+	if n := admitted("k2"); n != 5 {
+		t.Fatalf("k2 (parent without cascade) admitted %d", n)
+	}
+	meta := e.rawItem(t, "ENTITY#k1", "#META")
+	if attrS(meta, attrGSI1PK) != "PARENT#org" || attrS(meta, attrGSI1SK) != "CHILD#k1" || attrS(meta, attrParent) != "org" {
+		t.Fatalf("META item %v", meta)
+	}
+}

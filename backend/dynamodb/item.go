@@ -18,6 +18,8 @@ import (
 // follows the last '_'.
 const (
 	attrCfg      = "cfg"
+	attrParent   = "parent_id"
+	attrCascade  = "cascade"
 	attrEntity   = "entity"
 	attrResource = "resource"
 

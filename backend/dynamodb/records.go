@@ -22,6 +22,9 @@ type recordSet struct {
 	entity, entityDefault, resource, system backend.Record
 	hasEntity, hasEntityDefault, hasRes     bool
 	hasSystem                               bool
+	// parent is the entity's parent from its META item when that item
+	// asks for cascade; "" otherwise.
+	parent string
 }
 
 // Entity, Resource and System let a recordSet stand in for the store in
@@ -102,10 +105,12 @@ func (r *records) fetch(ctx context.Context, entity, resource string) (*recordSe
 	if resource != backend.DefaultResource {
 		slots = append(slots, slot{r.keys.EntityPK(entity), r.keys.ConfigSK(backend.DefaultResource), &rs.entityDefault, &rs.hasEntityDefault})
 	}
-	keys := make([]map[string]types.AttributeValue, len(slots))
-	for i, s := range slots {
-		keys[i] = map[string]types.AttributeValue{attrPK: str(s.pk), attrSK: str(s.sk)}
+	metaKey := [2]string{r.keys.EntityPK(entity), MetaSK()}
+	keys := make([]map[string]types.AttributeValue, 0, len(slots)+1)
+	for _, s := range slots {
+		keys = append(keys, map[string]types.AttributeValue{attrPK: str(s.pk), attrSK: str(s.sk)})
 	}
+	keys = append(keys, map[string]types.AttributeValue{attrPK: str(metaKey[0]), attrSK: str(metaKey[1])})
 	found := map[[2]string]map[string]types.AttributeValue{}
 	pending := map[string]types.KeysAndAttributes{r.table: {Keys: keys}}
 	for attempt := 0; len(pending) > 0; attempt++ {
@@ -132,6 +137,7 @@ func (r *records) fetch(ctx context.Context, entity, resource string) (*recordSe
 		}
 		pending = out.UnprocessedKeys
 	}
+	rs.parent = decodeMeta(found[metaKey])
 	now := r.now()
 	for _, s := range slots {
 		rec, ok, err := decodeRecord(found[[2]string{s.pk, s.sk}], now)
@@ -206,6 +212,39 @@ func (b *Backend) putConfig(ctx context.Context, av map[string]types.AttributeVa
 	}
 	b.stats.consumedWrite(out.ConsumedCapacity)
 	return nil
+}
+
+// WriteEntityMeta stores an entity's META item: its parent (found through
+// GSI1) and whether its requests are charged to the parent too.
+func (b *Backend) WriteEntityMeta(ctx context.Context, entity, parent string, cascade bool) error {
+	av := map[string]types.AttributeValue{
+		attrPK: str(b.keys.EntityPK(entity)), attrSK: str(MetaSK()), attrEntity: str(entity),
+		attrCascade: &types.AttributeValueMemberBOOL{Value: cascade},
+	}
+	if parent != "" {
+		av[attrParent] = str(parent)
+		av[attrGSI1PK] = str(b.keys.GSI1PK(parent))
+		av[attrGSI1SK] = str(GSI1SK(entity))
+	}
+	out, err := b.api.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName: aws.String(b.table), Item: av, ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
+	})
+	b.stats.call("PutItem", err)
+	if err != nil {
+		return fmt.Errorf("writing META of %q: %w", entity, err)
+	}
+	b.stats.consumedWrite(out.ConsumedCapacity)
+	return nil
+}
+
+// decodeMeta returns the parent a META item charges too, or "".
+func decodeMeta(av map[string]types.AttributeValue) string {
+	p, _ := av[attrParent].(*types.AttributeValueMemberS)
+	c, _ := av[attrCascade].(*types.AttributeValueMemberBOOL)
+	if p == nil || c == nil || !c.Value {
+		return ""
+	}
+	return p.Value
 }
 
 func ceilSeconds(ms int64) int64 { return (ms + 999) / 1000 }

@@ -310,7 +310,7 @@ func (s *server) debugHandler(withPprof bool) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		enc.Encode(describe(s.rules, s.service))
+		enc.Encode(describe(s.rules, s.service, s.backend))
 	})
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -329,6 +329,20 @@ type configView struct {
 	Rules       []ruleView      `json:"rules"`
 	Reloads     reloadView      `json:"reloads"`
 	Decisions   ratelimit.Stats `json:"decisions"`
+	DynamoDB    *dynamoDBView   `json:"dynamodb,omitempty"`
+}
+
+// dynamoDBView shows what the DynamoDB backend has cost so far: calls and
+// failed calls per operation, capacity units consumed, config cache use,
+// and writes that lost a race and were recomputed.
+type dynamoDBView struct {
+	Calls            map[string]uint64 `json:"calls"`
+	Errors           map[string]uint64 `json:"errors"`
+	ReadUnits        float64           `json:"read_capacity_units"`
+	WriteUnits       float64           `json:"write_capacity_units"`
+	CacheHits        uint64            `json:"config_cache_hits"`
+	CacheMisses      uint64            `json:"config_cache_misses"`
+	ConditionRetries uint64            `json:"condition_retries"`
 }
 
 type reloadView struct {
@@ -350,7 +364,7 @@ type ruleView struct {
 	Replaces  []string `json:"replaces,omitempty"`
 }
 
-func describe(rules *descriptors.Watcher, svc *ratelimit.Service) configView {
+func describe(rules *descriptors.Watcher, svc *ratelimit.Service, be servedBackend) configView {
 	cfg := rules.Current()
 	st := rules.Stats()
 	v := configView{
@@ -358,6 +372,17 @@ func describe(rules *descriptors.Watcher, svc *ratelimit.Service) configView {
 		Domains:     cfg.Domains(),
 		Reloads:     reloadView{OK: st.OK, Failed: st.Failed, LastError: st.LastError, LastOK: st.LastOK, LastAttempt: st.LastAttempt},
 		Decisions:   svc.Stats(),
+	}
+	if d, ok := be.(*ddb.Backend); ok {
+		st := d.Stats()
+		calls, errs := st.Calls()
+		v.DynamoDB = &dynamoDBView{
+			Calls: calls, Errors: errs,
+			ReadUnits:  float64(st.ReadMilliUnits.Load()) / 1000,
+			WriteUnits: float64(st.WriteMilliUnits.Load()) / 1000,
+			CacheHits:  st.CacheHits.Load(), CacheMisses: st.CacheMisses.Load(),
+			ConditionRetries: st.ConditionRetries.Load(),
+		}
 	}
 	for _, r := range cfg.Rules() {
 		rv := ruleView{Domain: r.Domain, Path: r.Path, Source: fmt.Sprintf("%s:%d", r.File, r.Line),

@@ -314,4 +314,9 @@ func TestServeOnDynamoDB(t *testing.T) {
 	if err != nil || len(item.Item) == 0 {
 		t.Fatalf("bucket item not found: %v %v", item, err)
 	}
+	// What DynamoDB cost is visible on /debug/config.
+	view := describe(s.rules, s.service, s.backend)
+	if view.DynamoDB == nil || view.DynamoDB.Calls["UpdateItem"] == 0 || view.DynamoDB.WriteUnits <= 0 || view.DynamoDB.CacheMisses == 0 {
+		t.Fatalf("dynamodb costs not shown: %+v", view.DynamoDB)
+	}
 }
