@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,8 +45,21 @@ var (
 	indexNames = []string{indexGSI1, indexGSI2}
 )
 
-// createTableInput is the table Sluice needs: PK+SK, GSI1 and GSI2 (all
-// attributes projected), on-demand billing.
+// indexProjection is what each index carries. GSI1 (parent -> children)
+// indexes META items, written rarely: all attributes. GSI2 (resource ->
+// buckets) indexes every bucket item, written on every decision: it
+// carries only attributes a decision never changes, so a token update
+// does not also write the index (which would double its write units).
+func indexProjection(idx string) *types.Projection {
+	if idx == indexGSI2 {
+		return &types.Projection{ProjectionType: types.ProjectionTypeInclude,
+			NonKeyAttributes: []string{attrEntity, attrResource, attrCfg}}
+	}
+	return &types.Projection{ProjectionType: types.ProjectionTypeAll}
+}
+
+// createTableInput is the table Sluice needs: PK+SK, GSI1 and GSI2 (see
+// indexProjection), on-demand billing.
 func createTableInput(name string) *ddb.CreateTableInput {
 	in := &ddb.CreateTableInput{
 		TableName:   aws.String(name),
@@ -62,7 +76,7 @@ func createTableInput(name string) *ddb.CreateTableInput {
 		in.GlobalSecondaryIndexes = append(in.GlobalSecondaryIndexes, types.GlobalSecondaryIndex{
 			IndexName:  aws.String(idx),
 			KeySchema:  keySchema(indexKey[idx]),
-			Projection: &types.Projection{ProjectionType: types.ProjectionTypeAll},
+			Projection: indexProjection(idx),
 		})
 	}
 	return in
@@ -241,12 +255,8 @@ func schemaDiffs(t *types.TableDescription) []string {
 		if d := keyDiff(g.KeySchema, indexKey[idx], attrTypes); d != "" {
 			diffs = append(diffs, fmt.Sprintf("index %s: %s", idx, d))
 		}
-		if g.Projection == nil || g.Projection.ProjectionType != types.ProjectionTypeAll {
-			var have any = "none"
-			if g.Projection != nil {
-				have = g.Projection.ProjectionType
-			}
-			diffs = append(diffs, fmt.Sprintf("index %s: projection is %v, want ALL", idx, have))
+		if d := projectionDiff(g.Projection, indexProjection(idx)); d != "" {
+			diffs = append(diffs, fmt.Sprintf("index %s: %s", idx, d))
 		}
 	}
 	return diffs
@@ -276,4 +286,24 @@ func formatKey(key []keyElem) string {
 		s[i] = k.String()
 	}
 	return strings.Join(s, " + ")
+}
+
+// projectionDiff compares an index's projection with the wanted one; ""
+// when they match.
+func projectionDiff(have, want *types.Projection) string {
+	describe := func(p *types.Projection) string {
+		if p == nil {
+			return "none"
+		}
+		if p.ProjectionType != types.ProjectionTypeInclude {
+			return string(p.ProjectionType)
+		}
+		attrs := slices.Clone(p.NonKeyAttributes)
+		slices.Sort(attrs)
+		return fmt.Sprintf("INCLUDE %s", strings.Join(attrs, ", "))
+	}
+	if h, w := describe(have), describe(want); h != w {
+		return fmt.Sprintf("projection is %s, want %s", h, w)
+	}
+	return ""
 }
