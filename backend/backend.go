@@ -63,3 +63,16 @@ func (d Decision) Limited() bool { return d.Binding >= 0 }
 
 // NotLimited is the decision for a bucket that no level gives any limit.
 func NotLimited() Decision { return Decision{Allowed: true, Binding: -1} }
+
+// Apply charges req to limits whose states are given, at now, updating
+// the states in place: a refund gives Hits back (and is always allowed),
+// anything else is an all-or-nothing decision (bucket.Decide). It returns
+// one Result per limit.
+func Apply(req *Request, limits []bucket.Limit, states []bucket.State, now int64) ([]bucket.Result, bool) {
+	results := make([]bucket.Result, len(limits))
+	if req.Refund {
+		bucket.Refund(limits, states, req.Hits, now, results)
+		return results, true
+	}
+	return results, bucket.Decide(limits, states, req.Hits, now, results)
+}

@@ -275,13 +275,7 @@ func decide(ts []target, req *backend.Request, now int64) ([]bucket.Limit, []buc
 		limits = append(limits, ts[i].res.Limits...)
 		states = append(states, ts[i].base...)
 	}
-	results := make([]bucket.Result, len(limits))
-	allowed := true
-	if req.Refund {
-		bucket.Refund(limits, states, req.Hits, now, results)
-	} else {
-		allowed = bucket.Decide(limits, states, req.Hits, now, results)
-	}
+	results, allowed := backend.Apply(req, limits, states, now)
 	off := 0
 	for i := range ts {
 		n := len(ts[i].res.Limits)

@@ -41,11 +41,15 @@ func BenchmarkDecisionCost(b *testing.B) {
 		req  func(i int) backend.Request
 		warm bool
 	}{
-		{"warm", func(int) backend.Request { return backend.Request{Entity: "w", Resource: "r", Defaults: roomy, Hits: 1} }, true},
+		{"warm", func(int) backend.Request {
+			return backend.Request{Entity: "w", Resource: "r", Defaults: roomy, Hits: 1}
+		}, true},
 		{"cold", func(i int) backend.Request {
 			return backend.Request{Entity: "c" + strconv.Itoa(i), Resource: "r", Defaults: roomy, Hits: 1}
 		}, false},
-		{"denied", func(int) backend.Request { return backend.Request{Entity: "d", Resource: "r", Defaults: tight, Hits: 1} }, true},
+		{"denied", func(int) backend.Request {
+			return backend.Request{Entity: "d", Resource: "r", Defaults: tight, Hits: 1}
+		}, true},
 		{"cascade", func(int) backend.Request {
 			return backend.Request{Entity: "k", Parent: "p", Resource: "r", Defaults: roomy, Hits: 1}
 		}, true},

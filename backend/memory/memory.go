@@ -151,13 +151,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 			states = append(states, c.e.states...)
 		}
 	}
-	results := make([]bucket.Result, len(limits))
-	allowed := true
-	if req.Refund {
-		bucket.Refund(limits, states, req.Hits, now, results)
-	} else {
-		allowed = bucket.Decide(limits, states, req.Hits, now, results)
-	}
+	results, allowed := backend.Apply(req, limits, states, now)
 	off := 0
 	for i := range charges {
 		e := charges[i].e
