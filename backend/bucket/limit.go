@@ -86,20 +86,31 @@ func (l Limit) String() string {
 	return b.String()
 }
 
-var unitNames = map[string]int64{
-	"s": Second, "sec": Second, "second": Second, "seconds": Second,
-	"m": Minute, "min": Minute, "minute": Minute, "minutes": Minute,
-	"h": Hour, "hour": Hour, "hours": Hour,
-	"d": Day, "day": Day, "days": Day,
-	"w": Week, "week": Week, "weeks": Week,
-	"month": Month, "months": Month,
-	"y": Year, "year": Year, "years": Year,
+// unitLength is the length in milliseconds of a unit name (lower case).
+func unitLength(name string) (int64, bool) {
+	switch name {
+	case "s", "sec", "second", "seconds":
+		return Second, true
+	case "m", "min", "minute", "minutes":
+		return Minute, true
+	case "h", "hour", "hours":
+		return Hour, true
+	case "d", "day", "days":
+		return Day, true
+	case "w", "week", "weeks":
+		return Week, true
+	case "month", "months":
+		return Month, true
+	case "y", "year", "years":
+		return Year, true
+	}
+	return 0, false
 }
 
 // ParseUnit returns the length in milliseconds of a unit name such as
 // "second", "MINUTE" or "h". Names are case-insensitive.
 func ParseUnit(unit string) (int64, error) {
-	ms, ok := unitNames[strings.ToLower(strings.TrimSpace(unit))]
+	ms, ok := unitLength(strings.ToLower(strings.TrimSpace(unit)))
 	if !ok {
 		return 0, fmt.Errorf("unknown unit %q (want second, minute, hour, day, week, month or year)", unit)
 	}

@@ -36,14 +36,20 @@ type keyElem struct {
 func (k keyElem) String() string { return fmt.Sprintf("%s (%s, S)", k.name, k.role) }
 
 // The table's keys (DESIGN section 6): every key attribute is a string.
-var (
-	tableKey = []keyElem{{attrPK, types.KeyTypeHash}, {attrSK, types.KeyTypeRange}}
-	indexKey = map[string][]keyElem{
-		indexGSI1: {{attrGSI1PK, types.KeyTypeHash}, {attrGSI1SK, types.KeyTypeRange}},
-		indexGSI2: {{attrGSI2PK, types.KeyTypeHash}, {attrGSI2SK, types.KeyTypeRange}},
+func tableKey() []keyElem {
+	return []keyElem{{attrPK, types.KeyTypeHash}, {attrSK, types.KeyTypeRange}}
+}
+
+// indexNames lists the global secondary indexes, in creation order.
+func indexNames() []string { return []string{indexGSI1, indexGSI2} }
+
+// indexKey is the key of index idx.
+func indexKey(idx string) []keyElem {
+	if idx == indexGSI1 {
+		return []keyElem{{attrGSI1PK, types.KeyTypeHash}, {attrGSI1SK, types.KeyTypeRange}}
 	}
-	indexNames = []string{indexGSI1, indexGSI2}
-)
+	return []keyElem{{attrGSI2PK, types.KeyTypeHash}, {attrGSI2SK, types.KeyTypeRange}}
+}
 
 // indexProjection is what each index carries. GSI1 (parent -> children)
 // indexes META items, written rarely: all attributes. GSI2 (resource ->
@@ -64,18 +70,18 @@ func createTableInput(name string) *ddb.CreateTableInput {
 	in := &ddb.CreateTableInput{
 		TableName:   aws.String(name),
 		BillingMode: types.BillingModePayPerRequest,
-		KeySchema:   keySchema(tableKey),
+		KeySchema:   keySchema(tableKey()),
 	}
-	for _, k := range tableKey {
+	for _, k := range tableKey() {
 		in.AttributeDefinitions = append(in.AttributeDefinitions, attrDef(k.name))
 	}
-	for _, idx := range indexNames {
-		for _, k := range indexKey[idx] {
+	for _, idx := range indexNames() {
+		for _, k := range indexKey(idx) {
 			in.AttributeDefinitions = append(in.AttributeDefinitions, attrDef(k.name))
 		}
 		in.GlobalSecondaryIndexes = append(in.GlobalSecondaryIndexes, types.GlobalSecondaryIndex{
 			IndexName:  aws.String(idx),
-			KeySchema:  keySchema(indexKey[idx]),
+			KeySchema:  keySchema(indexKey(idx)),
 			Projection: indexProjection(idx),
 		})
 	}
@@ -238,21 +244,21 @@ func schemaDiffs(t *types.TableDescription) []string {
 		attrTypes[aws.ToString(a.AttributeName)] = a.AttributeType
 	}
 	var diffs []string
-	if d := keyDiff(t.KeySchema, tableKey, attrTypes); d != "" {
+	if d := keyDiff(t.KeySchema, tableKey(), attrTypes); d != "" {
 		diffs = append(diffs, "key schema: "+d)
 	}
 	indexes := map[string]int{}
 	for i, g := range t.GlobalSecondaryIndexes {
 		indexes[aws.ToString(g.IndexName)] = i
 	}
-	for _, idx := range indexNames {
+	for _, idx := range indexNames() {
 		i, ok := indexes[idx]
 		if !ok {
-			diffs = append(diffs, fmt.Sprintf("global secondary index %s is missing (want %s)", idx, formatKey(indexKey[idx])))
+			diffs = append(diffs, fmt.Sprintf("global secondary index %s is missing (want %s)", idx, formatKey(indexKey(idx))))
 			continue
 		}
 		g := t.GlobalSecondaryIndexes[i]
-		if d := keyDiff(g.KeySchema, indexKey[idx], attrTypes); d != "" {
+		if d := keyDiff(g.KeySchema, indexKey(idx), attrTypes); d != "" {
 			diffs = append(diffs, fmt.Sprintf("index %s: %s", idx, d))
 		}
 		if d := projectionDiff(g.Projection, indexProjection(idx)); d != "" {
