@@ -160,7 +160,9 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 			off += len(e.states)
 		}
 		e.used = now
-		if allowed {
+		// Only a write moves the TTL: a zero-hit check changes nothing, as
+		// on DynamoDB, where it writes nothing.
+		if allowed && (req.Hits > 0 || req.Refund) {
 			e.expires = 0
 			if ttl, ok := backend.BucketTTL(charges[i].res, b.opts.TTLMultiplier); ok {
 				e.expires = now + ttl

@@ -294,6 +294,11 @@ entities:
 	if anon3, _ := b.Snapshot("anon", "r"); anon3.Expires != anon2.Expires {
 		t.Fatal("a denied decision moved the ttl")
 	}
+	clk.advance(1000)
+	decide(t, b, backend.Request{Entity: "anon", Resource: "r", Defaults: defaults, Hits: 0})
+	if anon4, _ := b.Snapshot("anon", "r"); anon4.Expires != anon2.Expires {
+		t.Fatal("a zero-hit check moved the ttl")
+	}
 
 	off, _ := newTestBackend(t, Options{TTLMultiplier: 0})
 	decide(t, off, backend.Request{Entity: "anon", Resource: "r", Defaults: defaults, Hits: 1})
