@@ -366,7 +366,12 @@ func newEnvoyStack(t *testing.T) *envoyStack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &envoyStack{t: t, model: newEnvoyModel(t)}
+	return newEnvoyStackFor(t, newEnvoyModel(t), cfg)
+}
+
+// newEnvoyStackFor puts the Envoy of model in front of Sluice with cfg.
+func newEnvoyStackFor(t *testing.T, model *envoyModel, cfg *descriptors.Config) *envoyStack {
+	s := &envoyStack{t: t, model: model}
 	s.now.Store(1_700_000_000_000)
 	be := memory.New(memory.Options{Now: s.now.Load, SweepInterval: -1})
 	t.Cleanup(func() { be.Close() })
