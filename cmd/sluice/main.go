@@ -30,20 +30,10 @@ type usageError struct{ error }
 // run executes the command line args and returns the exit code: 0 ok,
 // 1 failure, 2 usage.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	root := &cobra.Command{
-		Use:           "sluice",
-		Short:         "Sluice: Envoy's external rate-limit service, with token buckets",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
+	root := newRootCommand()
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newServeCommand(), newCheckCommand(), newTableCommand(), newHealthCommand())
-	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
-		return flagsFromEnv(cmd.Flags())
-	}
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(stderr, "sluice:", err)
 		var u usageError
@@ -53,6 +43,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// newRootCommand is the whole command tree.
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "sluice",
+		Short:         "Sluice: Envoy's external rate-limit service, with token buckets",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(newServeCommand(), newCheckCommand(), newTableCommand(), newHealthCommand())
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		return flagsFromEnv(cmd.Flags())
+	}
+	return root
 }
 
 // flagsFromEnv sets every flag not given on the command line from its
