@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -276,6 +277,66 @@ func TestTimeToFill(t *testing.T) {
 	for _, c := range cases {
 		if got := TimeToFill(c.l); got != c.want {
 			t.Errorf("TimeToFill(%+v) = %d, want %d", c.l, got, c.want)
+		}
+	}
+}
+
+func TestParseLimit(t *testing.T) {
+	cases := []struct {
+		in   string
+		want Limit
+		bad  bool
+	}{
+		{in: "rpm=100/min", want: Limit{Name: "rpm", Amount: 100_000, Period: Minute, Burst: 100_000}},
+		{in: "tpm=100000/min:burst=150000:cost=hits", want: Limit{Name: "tpm", Amount: 100_000_000, Period: Minute, Burst: 150_000_000}},
+		{in: "r=20/min:cost=request", want: Limit{Name: "r", Amount: 20_000, Period: Minute, Burst: 20_000, PerRequest: true}},
+		{in: "v1.chat=5/10s:burst=0", want: Limit{Name: "v1.chat", Amount: 5000, Period: 10 * Second, Burst: 0}},
+		{in: "blocked=0/s", want: Limit{Name: "blocked", Amount: 0, Period: Second, Burst: 0}},
+		{in: "rpm", bad: true},
+		{in: "=100/min", bad: true},
+		{in: "rpm=", bad: true},
+		{in: "rpm=100", bad: true},
+		{in: "rpm=100/min:burst=x", bad: true},
+		{in: "rpm=100/min:burst=-1", bad: true},
+		{in: "rpm=100/min:burst=1:burst=2", bad: true},
+		{in: "rpm=100/min:cost=tokens", bad: true},
+		{in: "rpm=100/min:ttl=5", bad: true},
+		{in: "rpm=100/min:", bad: true},
+	}
+	for _, c := range cases {
+		got, err := ParseLimit(c.in)
+		if c.bad {
+			if err == nil {
+				t.Errorf("ParseLimit(%q) = %+v; want an error", c.in, got)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("ParseLimit(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+		}
+	}
+}
+
+// Every limit the config syntax can express prints in the compact syntax
+// and parses back to itself, so `sluice limits get` output can be pasted
+// into `sluice limits set`.
+func TestPropertyLimitStringRoundTrips(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	units := []int64{Second, Minute, Hour, Day, Week, Month, Year}
+	for range 20_000 {
+		l := Limit{
+			Name:       []string{"rpm", "tpm", "a.b-c", "x_y"}[r.IntN(4)],
+			Amount:     r.Int64N(1_000_000) * Milli,
+			Period:     units[r.IntN(len(units))] * (1 + r.Int64N(9)),
+			PerRequest: r.IntN(2) == 0,
+		}
+		l.Burst = l.Amount
+		if r.IntN(2) == 0 {
+			l.Burst = r.Int64N(2_000_000) * Milli
+		}
+		back, err := ParseLimit(l.String())
+		if err != nil || back != l {
+			t.Fatalf("%+v prints as %q, which parses to %+v, %v", l, l.String(), back, err)
 		}
 	}
 }

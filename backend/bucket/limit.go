@@ -70,20 +70,55 @@ func (l Limit) Validate() error {
 	return nil
 }
 
-// String renders the limit in the config syntax, e.g. "rpm=100/min burst=150".
+// String renders the limit in the compact syntax ParseLimit reads, e.g.
+// "rpm=100/min" or "tpm=100000/min:burst=150000:cost=request".
 func (l Limit) String() string {
 	var b strings.Builder
 	b.WriteString(l.Name)
 	b.WriteByte('=')
 	b.WriteString(FormatRate(l.Amount, l.Period))
 	if l.Burst != l.Amount {
-		b.WriteString(" burst=")
+		b.WriteString(":burst=")
 		b.WriteString(formatMilli(l.Burst))
 	}
 	if l.PerRequest {
-		b.WriteString(" cost=request")
+		b.WriteString(":cost=request")
 	}
 	return b.String()
+}
+
+// ParseLimit reads a limit written in one word, as on a command line:
+// name=rate[:burst=N][:cost=hits|request], for example "rpm=100/min" or
+// "tpm=100000/min:burst=150000:cost=hits". The name ends at the first
+// '=', so it cannot hold one; the rest follows Spec.
+func ParseLimit(s string) (Limit, error) {
+	name, rest, ok := strings.Cut(s, "=")
+	if !ok || name == "" || rest == "" {
+		return Limit{}, fmt.Errorf("limit %q: want name=rate[:burst=N][:cost=hits|request], e.g. rpm=100/min", s)
+	}
+	parts := strings.Split(rest, ":")
+	spec := Spec{Name: name, Rate: parts[0]}
+	seen := map[string]bool{}
+	for _, p := range parts[1:] {
+		k, v, _ := strings.Cut(p, "=")
+		if seen[k] {
+			return Limit{}, fmt.Errorf("limit %q: %s given twice", s, k)
+		}
+		seen[k] = true
+		switch k {
+		case "burst":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return Limit{}, fmt.Errorf("limit %q: burst %q is not a whole number", s, v)
+			}
+			spec.Burst = &n
+		case "cost":
+			spec.Cost = v
+		default:
+			return Limit{}, fmt.Errorf("limit %q: unknown option %q (want burst=N or cost=hits|request)", s, p)
+		}
+	}
+	return spec.Limit()
 }
 
 // unitLength is the length in milliseconds of a unit name (lower case).
