@@ -113,13 +113,6 @@ func attrN(t *testing.T, item map[string]types.AttributeValue, name string) int6
 	return v
 }
 
-func attrS(item map[string]types.AttributeValue, name string) string {
-	if s, ok := item[name].(*types.AttributeValueMemberS); ok {
-		return s.Value
-	}
-	return ""
-}
-
 func TestItemLayout(t *testing.T) {
 	e := newEnv(t)
 	b := e.replica(t, Options{KeyPrefix: "t1"})

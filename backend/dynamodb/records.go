@@ -172,43 +172,34 @@ func sleep(ctx context.Context, d time.Duration) error {
 // its buckets expire like default-sourced ones; 0 writes an operator
 // config without ttl, whose buckets never expire.
 func (b *Backend) WriteEntityConfig(ctx context.Context, entity, resource string, rec backend.Record, syncWindow time.Duration) error {
-	av := map[string]types.AttributeValue{
-		attrPK: str(b.keys.EntityPK(entity)), attrSK: str(b.keys.ConfigSK(resource)),
-		attrEntity: str(entity), attrResource: str(resource),
-	}
-	if syncWindow > 0 {
-		av[attrTTL] = num(ceilSeconds(b.now() + 3*syncWindow.Milliseconds()))
-	}
-	return b.putConfig(ctx, av, rec)
+	return b.putConfig(ctx, backend.EntityKey(entity, resource), rec, syncWindow)
 }
 
 // WriteResourceConfig stores the resource default of resource (level 3).
 func (b *Backend) WriteResourceConfig(ctx context.Context, resource string, rec backend.Record) error {
-	return b.putConfig(ctx, map[string]types.AttributeValue{
-		attrPK: str(b.keys.ResourcePK(resource)), attrSK: str(ResourceConfigSK()), attrResource: str(resource),
-	}, rec)
+	return b.putConfig(ctx, backend.ResourceKey(resource), rec, 0)
 }
 
 // WriteSystemConfig stores the system default (level 4).
 func (b *Backend) WriteSystemConfig(ctx context.Context, rec backend.Record) error {
-	return b.putConfig(ctx, map[string]types.AttributeValue{
-		attrPK: str(b.keys.SystemPK()), attrSK: str(ResourceConfigSK()),
-	}, rec)
+	return b.putConfig(ctx, backend.SystemKey(), rec, 0)
 }
 
-func (b *Backend) putConfig(ctx context.Context, av map[string]types.AttributeValue, rec backend.Record) error {
-	for _, l := range rec.Limits {
-		if err := l.Validate(); err != nil {
-			return err
-		}
+func (b *Backend) putConfig(ctx context.Context, k backend.RecordKey, rec backend.Record, syncWindow time.Duration) error {
+	av, _, err := configItem(b.keys, k, rec.Limits, syncWindow, b.now())
+	if err != nil {
+		return err
 	}
-	encodeRecord(av, rec)
+	return b.put(ctx, k.String(), av)
+}
+
+func (b *Backend) put(ctx context.Context, what string, av map[string]types.AttributeValue) error {
 	out, err := b.api.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName: aws.String(b.table), Item: av, ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
 	})
 	b.stats.call("PutItem", err)
 	if err != nil {
-		return fmt.Errorf("writing config %v: %w", av[attrPK], err)
+		return fmt.Errorf("writing %s: %w", what, err)
 	}
 	b.stats.consumedWrite(out.ConsumedCapacity)
 	return nil
@@ -217,24 +208,7 @@ func (b *Backend) putConfig(ctx context.Context, av map[string]types.AttributeVa
 // WriteEntityMeta stores an entity's META item: its parent (found through
 // GSI1) and whether its requests are charged to the parent too.
 func (b *Backend) WriteEntityMeta(ctx context.Context, entity, parent string, cascade bool) error {
-	av := map[string]types.AttributeValue{
-		attrPK: str(b.keys.EntityPK(entity)), attrSK: str(MetaSK()), attrEntity: str(entity),
-		attrCascade: &types.AttributeValueMemberBOOL{Value: cascade},
-	}
-	if parent != "" {
-		av[attrParent] = str(parent)
-		av[attrGSI1PK] = str(b.keys.GSI1PK(parent))
-		av[attrGSI1SK] = str(GSI1SK(entity))
-	}
-	out, err := b.api.PutItem(ctx, &dynamodb.PutItemInput{
-		TableName: aws.String(b.table), Item: av, ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
-	})
-	b.stats.call("PutItem", err)
-	if err != nil {
-		return fmt.Errorf("writing META of %q: %w", entity, err)
-	}
-	b.stats.consumedWrite(out.ConsumedCapacity)
-	return nil
+	return b.put(ctx, fmt.Sprintf("META of %q", entity), metaItem(b.keys, Entity{Name: entity, Parent: parent, Cascade: cascade}))
 }
 
 // decodeMeta returns the parent a META item charges too, or "".

@@ -1,0 +1,295 @@
+package dynamodb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+// Entity is an entity's META item: its parent, and whether its requests
+// are charged to the parent too (cascade).
+type Entity struct {
+	Name    string
+	Parent  string
+	Cascade bool
+}
+
+// metaItem is the META item of e.
+func metaItem(keys Keys, e Entity) map[string]types.AttributeValue {
+	av := map[string]types.AttributeValue{
+		attrPK: str(keys.EntityPK(e.Name)), attrSK: str(MetaSK()), attrEntity: str(e.Name),
+		attrCascade: &types.AttributeValueMemberBOOL{Value: e.Cascade},
+	}
+	if e.Parent != "" {
+		av[attrParent] = str(e.Parent)
+		av[attrGSI1PK] = str(keys.GSI1PK(e.Parent))
+		av[attrGSI1SK] = str(GSI1SK(e.Name))
+	}
+	return av
+}
+
+func decodeEntity(av map[string]types.AttributeValue) Entity {
+	c, _ := av[attrCascade].(*types.AttributeValueMemberBOOL)
+	return Entity{Name: attrS(av, attrEntity), Parent: attrS(av, attrParent), Cascade: c != nil && c.Value}
+}
+
+// PutEntity writes e's META item, replacing what was there.
+func (a *Admin) PutEntity(ctx context.Context, e Entity) error {
+	if e.Name == "" {
+		return errors.New("an entity needs a name")
+	}
+	if e.Parent == e.Name {
+		return fmt.Errorf("entity %q cannot be its own parent", e.Name)
+	}
+	if e.Cascade && e.Parent == "" {
+		return fmt.Errorf("entity %q: cascade needs a parent", e.Name)
+	}
+	if _, err := a.api.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(a.table), Item: metaItem(a.keys, e)}); err != nil {
+		return fmt.Errorf("writing META of %q: %w", e.Name, err)
+	}
+	return nil
+}
+
+// GetEntity reads name's META item.
+func (a *Admin) GetEntity(ctx context.Context, name string) (Entity, bool, error) {
+	out, err := a.api.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName: aws.String(a.table), ConsistentRead: aws.Bool(true),
+		Key: map[string]types.AttributeValue{attrPK: str(a.keys.EntityPK(name)), attrSK: str(MetaSK())},
+	})
+	if err != nil {
+		return Entity{}, false, fmt.Errorf("reading META of %q: %w", name, err)
+	}
+	if len(out.Item) == 0 {
+		return Entity{}, false, nil
+	}
+	return decodeEntity(out.Item), true, nil
+}
+
+// Children calls fn for every entity whose META names parent, through
+// GSI1, page by page. The index is eventually consistent: a META written
+// a moment ago may be missing.
+func (a *Admin) Children(ctx context.Context, parent string, fn func(Entity) error) error {
+	err := a.query(ctx, &dynamodb.QueryInput{
+		IndexName:                 aws.String(indexGSI1),
+		KeyConditionExpression:    aws.String("#pk = :pk"),
+		ExpressionAttributeNames:  map[string]string{"#pk": attrGSI1PK},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": str(a.keys.GSI1PK(parent))},
+	}, func(av map[string]types.AttributeValue) error { return fn(decodeEntity(av)) })
+	if err != nil {
+		return fmt.Errorf("children of %q: %w", parent, err)
+	}
+	return nil
+}
+
+// DeleteEntity deletes every item of entity (its META, configs and
+// buckets) and returns how many it deleted. It reads the keys page by page
+// and deletes them 25 at a time, asking again for what DynamoDB leaves
+// unprocessed, within ctx.
+func (a *Admin) DeleteEntity(ctx context.Context, entity string) (int, error) {
+	var keys []map[string]types.AttributeValue
+	err := a.query(ctx, &dynamodb.QueryInput{
+		KeyConditionExpression:    aws.String("#pk = :pk"),
+		ProjectionExpression:      aws.String("#pk, #sk"),
+		ExpressionAttributeNames:  map[string]string{"#pk": attrPK, "#sk": attrSK},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": str(a.keys.EntityPK(entity))},
+		ConsistentRead:            aws.Bool(true),
+	}, func(av map[string]types.AttributeValue) error {
+		keys = append(keys, primaryKey(av))
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("items of entity %q: %w", entity, err)
+	}
+	deleted := 0
+	for len(keys) > 0 {
+		n := min(len(keys), 25)
+		if err := a.deleteBatch(ctx, keys[:n]); err != nil {
+			return deleted, fmt.Errorf("deleting entity %q: %w", entity, err)
+		}
+		deleted += n
+		keys = keys[n:]
+	}
+	return deleted, nil
+}
+
+// maxBatchAttempts bounds how often one batch is sent again for its
+// unprocessed items before giving up.
+const maxBatchAttempts = 10
+
+func (a *Admin) deleteBatch(ctx context.Context, keys []map[string]types.AttributeValue) error {
+	reqs := make([]types.WriteRequest, len(keys))
+	for i, k := range keys {
+		reqs[i] = types.WriteRequest{DeleteRequest: &types.DeleteRequest{Key: k}}
+	}
+	pending := map[string][]types.WriteRequest{a.table: reqs}
+	for attempt := 0; len(pending[a.table]) > 0; attempt++ {
+		if attempt == maxBatchAttempts {
+			return fmt.Errorf("%d items still unprocessed after %d attempts", len(pending[a.table]), attempt)
+		}
+		if attempt > 0 {
+			if err := sleep(ctx, backoff(attempt)); err != nil {
+				return err
+			}
+		}
+		out, err := a.api.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: pending})
+		if err != nil {
+			return err
+		}
+		pending = out.UnprocessedItems
+	}
+	return nil
+}
+
+// Bucket is a bucket item as stored: the state of each limit at its own
+// refill clock. Tokens now need bucket.Refill at the current time.
+type Bucket struct {
+	Entity, Resource string
+	// Cfg is the fingerprint of the limits the bucket was last written
+	// with; it differs from bucket.Fingerprint of the resolved limits
+	// until the bucket's next write brings it in line.
+	Cfg    string
+	TTL    int64 // epoch seconds; 0: never expires
+	Limits []bucket.Limit
+	States []bucket.State
+}
+
+// GetBucket reads the bucket of entity for resource. An item whose ttl has
+// passed is absent, as it is for decisions.
+func (a *Admin) GetBucket(ctx context.Context, entity, resource string) (Bucket, bool, error) {
+	out, err := a.api.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName: aws.String(a.table), ConsistentRead: aws.Bool(true),
+		Key: map[string]types.AttributeValue{attrPK: str(a.keys.EntityPK(entity)), attrSK: str(a.keys.BucketSK(resource))},
+	})
+	if err != nil {
+		return Bucket{}, false, fmt.Errorf("reading bucket %q/%q: %w", entity, resource, err)
+	}
+	it, err := decodeBucket(out.Item)
+	if err != nil {
+		return Bucket{}, false, fmt.Errorf("bucket %q/%q: %w", entity, resource, err)
+	}
+	if it == nil || it.expired(a.now()) {
+		return Bucket{}, false, nil
+	}
+	return Bucket{Entity: entity, Resource: resource, Cfg: it.cfg, TTL: it.ttl, Limits: it.limits, States: it.states}, true, nil
+}
+
+// BucketRef is a bucket as GSI2 lists it: who holds it and the
+// fingerprint of its limits, without its state.
+type BucketRef struct {
+	Entity, Resource, Cfg string
+}
+
+// Buckets calls fn for every bucket of resource, through GSI2, page by
+// page. The index is eventually consistent and may still list a bucket
+// whose ttl has passed, until DynamoDB deletes it.
+func (a *Admin) Buckets(ctx context.Context, resource string, fn func(BucketRef) error) error {
+	err := a.query(ctx, &dynamodb.QueryInput{
+		IndexName:                 aws.String(indexGSI2),
+		KeyConditionExpression:    aws.String("#pk = :pk"),
+		ExpressionAttributeNames:  map[string]string{"#pk": attrGSI2PK},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": str(a.keys.GSI2PK(resource))},
+	}, func(av map[string]types.AttributeValue) error {
+		return fn(BucketRef{Entity: attrS(av, attrEntity), Resource: attrS(av, attrResource), Cfg: attrS(av, attrCfg)})
+	})
+	if err != nil {
+		return fmt.Errorf("buckets of resource %q: %w", resource, err)
+	}
+	return nil
+}
+
+// The applied set: which records the last `sluice limits apply` wrote, so
+// the next one knows what a manifest no longer lists. It is one item,
+// guarded by a version number so that two applies cannot both win.
+const (
+	appliedSK     = "#APPLIED"
+	attrRecords   = "records"
+	attrVersion   = "version"
+	maxAppliedLen = 300 << 10 // bytes of keys; DynamoDB items hold 400 KB
+)
+
+func (a *Admin) appliedKey() map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{attrPK: str(a.keys.SystemPK()), attrSK: str(appliedSK)}
+}
+
+// Applied returns the records the last apply wrote and the version to
+// pass to SetApplied; version 0 means no apply has run.
+func (a *Admin) Applied(ctx context.Context) ([]backend.RecordKey, int64, error) {
+	out, err := a.api.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName: aws.String(a.table), Key: a.appliedKey(), ConsistentRead: aws.Bool(true),
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("reading the applied set: %w", err)
+	}
+	if len(out.Item) == 0 {
+		return nil, 0, nil
+	}
+	var version int64
+	if n, ok := out.Item[attrVersion].(*types.AttributeValueMemberN); ok {
+		version, _ = strconv.ParseInt(n.Value, 10, 64)
+	}
+	list, _ := out.Item[attrRecords].(*types.AttributeValueMemberL)
+	var refs []backend.RecordKey
+	if list != nil {
+		for _, v := range list.Value {
+			m, ok := v.(*types.AttributeValueMemberM)
+			if !ok {
+				return nil, 0, fmt.Errorf("the applied set holds a %T", v)
+			}
+			refs = append(refs, backend.RecordKey{Entity: attrS(m.Value, attrEntity), Resource: attrS(m.Value, attrResource)})
+		}
+	}
+	return refs, version, nil
+}
+
+// ErrAppliedChanged is returned by SetApplied when another apply wrote the
+// applied set since it was read.
+var ErrAppliedChanged = errors.New("another apply changed the table meanwhile")
+
+// SetApplied replaces the applied set, if its version is still version.
+func (a *Admin) SetApplied(ctx context.Context, refs []backend.RecordKey, version int64) error {
+	list := make([]types.AttributeValue, len(refs))
+	size := 0
+	for i, r := range refs {
+		m := map[string]types.AttributeValue{}
+		if r.Entity != "" {
+			m[attrEntity] = str(r.Entity)
+		}
+		if r.Resource != "" {
+			m[attrResource] = str(r.Resource)
+		}
+		size += len(r.Entity) + len(r.Resource) + 24
+		list[i] = &types.AttributeValueMemberM{Value: m}
+	}
+	if size > maxAppliedLen {
+		return fmt.Errorf("a manifest of %d records is too large to track (about %d KB of names; at most %d KB)", len(refs), size>>10, maxAppliedLen>>10)
+	}
+	item := a.appliedKey()
+	item[attrRecords] = &types.AttributeValueMemberL{Value: list}
+	item[attrVersion] = num(version + 1)
+	in := &dynamodb.PutItemInput{TableName: aws.String(a.table), Item: item}
+	if version == 0 {
+		in.ConditionExpression = aws.String("attribute_not_exists(#pk)")
+		in.ExpressionAttributeNames = map[string]string{"#pk": attrPK}
+	} else {
+		in.ConditionExpression = aws.String("#v = :v")
+		in.ExpressionAttributeNames = map[string]string{"#v": attrVersion}
+		in.ExpressionAttributeValues = map[string]types.AttributeValue{":v": num(version)}
+	}
+	_, err := a.api.PutItem(ctx, in)
+	var failed *types.ConditionalCheckFailedException
+	if errors.As(err, &failed) {
+		return ErrAppliedChanged
+	}
+	if err != nil {
+		return fmt.Errorf("writing the applied set: %w", err)
+	}
+	return nil
+}
