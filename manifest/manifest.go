@@ -97,12 +97,13 @@ func Parse(name string, data []byte) (*Manifest, error) {
 	if len(p.errs) > 0 {
 		return nil, errors.New(strings.Join(p.errs, "\n"))
 	}
-	slices.SortStableFunc(m.Records, func(a, b Record) int { return compareKeys(a.Key, b.Key) })
+	slices.SortStableFunc(m.Records, func(a, b Record) int { return CompareKeys(a.Key, b.Key) })
 	return m, nil
 }
 
-// compareKeys orders records: system, resources, entities; then by name.
-func compareKeys(a, b backend.RecordKey) int {
+// CompareKeys orders records from the top of resolution: system,
+// resources, entities; then by name.
+func CompareKeys(a, b backend.RecordKey) int {
 	rank := func(k backend.RecordKey) int {
 		switch k.Level() {
 		case backend.LevelSystem:

@@ -75,7 +75,7 @@ func Plan(m *Manifest, current map[backend.RecordKey]Current, applied []backend.
 			gone = append(gone, Change{Action: Delete, Key: k, Old: cur.Limits})
 		}
 	}
-	slices.SortFunc(gone, func(a, b Change) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(gone, func(a, b Change) int { return CompareKeys(a.Key, b.Key) })
 	return append(out, gone...)
 }
 

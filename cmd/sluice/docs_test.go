@@ -38,19 +38,51 @@ func TestREADMEDocumentsEveryFlag(t *testing.T) {
 		t.Fatalf("found %d commands", len(leaves))
 	}
 
-	for _, c := range leaves {
-		heading := "\n## `" + c.CommandPath() + "`\n"
-		_, section, ok := strings.Cut(readme, heading)
-		if !ok {
-			t.Errorf("README.md has no section %q", strings.TrimSpace(heading))
-			continue
+	// section returns the text under the heading (any level) that names
+	// `path`, up to the next heading.
+	section := func(path string) (string, bool) {
+		m := regexp.MustCompile("(?m)^#+ .*`" + regexp.QuoteMeta(path) + "`.*\n").FindStringIndex(readme)
+		if m == nil {
+			return "", false
 		}
-		section, _, _ = strings.Cut(section, "\n## ")
+		rest := readme[m[1]:]
+		if i := regexp.MustCompile("(?m)^#").FindStringIndex(rest); i != nil {
+			rest = rest[:i[0]]
+		}
+		return rest, true
+	}
+	tableOf := func(text string) map[string]string {
 		documented := map[string]string{}
-		for _, m := range row.FindAllStringSubmatch(section, -1) {
+		for _, m := range row.FindAllStringSubmatch(text, -1) {
 			documented[m[1]] = strings.TrimSpace(m[2])
 		}
-		c.Flags().VisitAll(func(f *pflag.Flag) {
+		return documented
+	}
+
+	for _, c := range leaves {
+		text, ok := section(c.CommandPath())
+		if !ok {
+			t.Errorf("README.md has no section headed with `%s`", c.CommandPath())
+			continue
+		}
+		documented := tableOf(text)
+		// Flags a command inherits from its group are documented once, in
+		// the group's section.
+		inherited := map[string]string{}
+		if p := c.Parent(); p != nil && p.HasParent() {
+			if text, ok := section(p.CommandPath()); ok {
+				inherited = tableOf(text)
+			}
+		}
+		c.InheritedFlags().VisitAll(func(f *pflag.Flag) {
+			if f.Name == "help" {
+				return
+			}
+			if _, ok := inherited[f.Name]; !ok {
+				t.Errorf("%s --%s (from %s) is not in the README's table for %s", c.CommandPath(), f.Name, c.Parent().CommandPath(), c.Parent().CommandPath())
+			}
+		})
+		c.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) {
 			if f.Name == "help" {
 				return
 			}

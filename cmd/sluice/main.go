@@ -45,6 +45,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// usageArgs makes a positional-argument check's complaint a usage error
+// (exit code 2), like a bad flag.
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+}
+
 // newRootCommand is the whole command tree.
 func newRootCommand() *cobra.Command {
 	root := &cobra.Command{
@@ -54,7 +65,8 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newServeCommand(), newCheckCommand(), newTableCommand(), newHealthCommand())
+	root.AddCommand(newServeCommand(), newCheckCommand(), newTableCommand(), newHealthCommand(),
+		newLimitsCommand(), newEntityCommand(), newBucketsCommand())
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		return flagsFromEnv(cmd.Flags())
 	}

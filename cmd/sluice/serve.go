@@ -35,6 +35,7 @@ type serveOptions struct {
 	keyPrefix                     string
 	onBackendError                string
 	ttlMultiplier                 int64
+	configCacheTTL                time.Duration
 	memoryMaxBuckets              int
 	shadowMode                    bool
 	responseHeaders               bool
@@ -81,6 +82,7 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 	addDynamoDBFlags(f, &o.region, &o.endpoint)
 	f.StringVar(&o.onBackendError, "on-backend-error", "error", "answer when the backend fails or is late: error (UNAVAILABLE), allow or deny")
 	f.Int64Var(&o.ttlMultiplier, "ttl-multiplier", backend.DefaultTTLMultiplier, "idle buckets expire after this many times their time to fill; <= 0 never")
+	f.DurationVar(&o.configCacheTTL, "config-cache-ttl", time.Minute, "dynamodb backend: how long limits read from the table are reused; a change reaches the replica within this time")
 	f.IntVar(&o.memoryMaxBuckets, "memory-max-buckets", memory.DefaultMaxBuckets, "memory backend: most buckets held; least recently used go first")
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
 	f.BoolVar(&o.responseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to responses")
@@ -206,7 +208,10 @@ func openBackend(ctx context.Context, o serveOptions) (servedBackend, error) {
 		if err := ddb.CheckTable(checkCtx, client, o.table); err != nil {
 			return nil, err
 		}
-		return ddb.New(client, ddb.Options{Table: o.table, KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier})
+		if o.configCacheTTL <= 0 {
+			return nil, usageError{fmt.Errorf("--config-cache-ttl %v: want a positive duration", o.configCacheTTL)}
+		}
+		return ddb.New(client, ddb.Options{Table: o.table, KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier, ConfigCacheTTL: o.configCacheTTL})
 	}
 	return nil, usageError{fmt.Errorf("--backend %q: want memory or dynamodb", o.backend)}
 }

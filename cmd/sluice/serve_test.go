@@ -39,7 +39,7 @@ descriptors:
 func testOptions(dir string) serveOptions {
 	return serveOptions{
 		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", debugAddr: "127.0.0.1:0",
-		configDir: dir, backend: "memory", onBackendError: "error", ttlMultiplier: 7,
+		configDir: dir, backend: "memory", onBackendError: "error", ttlMultiplier: 7, configCacheTTL: time.Minute,
 		shutdownTimeout: 5 * time.Second, logLevel: "info", logFormat: "text",
 	}
 }

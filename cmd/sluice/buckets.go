@@ -1,0 +1,176 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
+)
+
+func newBucketsCommand() *cobra.Command {
+	o := &adminOptions{}
+	cmd := &cobra.Command{
+		Use:   "buckets",
+		Short: "Look at token buckets as the table holds them",
+		Long: `A bucket is one entity's state for one resource: for each of its limits the
+tokens left at its refill clock. These commands only read; a bucket changes
+when Sluice decides on it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	addAdminFlags(cmd, o)
+	cmd.AddCommand(newBucketsGetCommand(o), newBucketsListCommand(o))
+	return cmd
+}
+
+// bucketLimitOut is one limit of a bucket in json and yaml.
+type bucketLimitOut struct {
+	limitOut `yaml:",inline"`
+	// Tokens now, with the refill since the last write applied.
+	Tokens   float64 `json:"tokens" yaml:"tokens"`
+	Consumed float64 `json:"consumed" yaml:"consumed"`
+}
+
+type bucketOut struct {
+	Entity   string           `json:"entity" yaml:"entity"`
+	Resource string           `json:"resource" yaml:"resource"`
+	Limits   []bucketLimitOut `json:"limits" yaml:"limits"`
+	TTL      string           `json:"ttl,omitempty" yaml:"ttl,omitempty"`
+	// Source is the level the limits come from now, per the table.
+	Source string `json:"source" yaml:"source"`
+	// Stale: the limits in force differ from those the bucket was last
+	// written with; its next write brings it in line.
+	Stale bool `json:"stale" yaml:"stale"`
+}
+
+func milliText(v int64) string {
+	return strconv.FormatFloat(float64(v)/bucket.Milli, 'f', -1, 64)
+}
+
+// sourceText says where a bucket's limits come from and so what its TTL
+// follows (ADR-119, ADR-128).
+func sourceText(r backend.Resolved) string {
+	switch {
+	case r.Level == backend.LevelEntity && r.Synced:
+		return "sync-written entity config: expires after its time to fill x the TTL multiplier"
+	case r.Level == backend.LevelEntity:
+		return "operator-written entity config: never expires"
+	case r.Level == backend.LevelNone:
+		return "the rule files (no record in the table): expires after its time to fill x the TTL multiplier"
+	}
+	return r.Level.String() + " default: expires after its time to fill x the TTL multiplier"
+}
+
+func newBucketsGetCommand(o *adminOptions) *cobra.Command {
+	var entity, resource string
+	cmd := &cobra.Command{
+		Use:   "get --entity E --resource R",
+		Short: "Show a bucket: tokens now, burst, rate, TTL and where its limits come from",
+		Example: `  sluice buckets get --table sluice --entity acme --resource chat
+  sluice buckets get --table sluice --entity 203.0.113.7 --resource edge/remote_address -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if entity == "" || resource == "" {
+				return usageError{errors.New("--entity and --resource are required")}
+			}
+			a, err := o.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			b, ok, err := a.GetBucket(cmd.Context(), entity, resource)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return notFound("no bucket for entity %s resource %s (never used, or expired)", entity, resource)
+			}
+			r, err := a.Effective(cmd.Context(), entity, resource)
+			if err != nil {
+				return err
+			}
+			now := o.clock()
+			out := bucketOut{Entity: entity, Resource: resource, TTL: ttlOut(b.TTL), Source: sourceText(r),
+				Stale: r.Level != backend.LevelNone && bucket.Fingerprint(r.Limits) != b.Cfg}
+			for i, l := range b.Limits {
+				s := bucket.Refill(l, b.States[i], now.UnixMilli())
+				out.Limits = append(out.Limits, bucketLimitOut{limitsOut([]bucket.Limit{l})[0],
+					float64(s.Tokens) / bucket.Milli, float64(s.Consumed) / bucket.Milli})
+			}
+			return o.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "bucket of entity %s for resource %s\n", entity, resource)
+				fmt.Fprintf(w, "limits from: %s\n", out.Source)
+				fmt.Fprintf(w, "expires: %s\n", ttlText(b.TTL, now))
+				if out.Stale {
+					fmt.Fprintln(w, "stale: the limits in force changed since its last write, which will apply them")
+				}
+				fmt.Fprintln(w, "LIMIT\tRATE\tBURST\tTOKENS\tCONSUMED")
+				for i, l := range b.Limits {
+					s := bucket.Refill(l, b.States[i], now.UnixMilli())
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", l.Name, bucket.FormatRate(l.Amount, l.Period),
+						milliText(l.Burst), milliText(s.Tokens), milliText(s.Consumed))
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&entity, "entity", "", "the entity (required)")
+	cmd.Flags().StringVar(&resource, "resource", "", "the resource (required)")
+	return cmd
+}
+
+func newBucketsListCommand(o *adminOptions) *cobra.Command {
+	var resource string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list --resource R [--limit N]",
+		Short: "List the buckets of a resource",
+		Long: `List the entities holding a bucket for a resource, through the table's GSI2
+index, page by page, with the fingerprint of the limits each was last written
+with. The index is eventually consistent, and lists an expired bucket until
+DynamoDB deletes it.`,
+		Example: `  sluice buckets list --table sluice --resource chat --limit 100`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if resource == "" {
+				return usageError{errors.New("--resource is required")}
+			}
+			if limit < 0 {
+				return usageError{errors.New("--limit must be 0 (all) or more")}
+			}
+			a, err := o.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			type refOut struct {
+				Entity string `json:"entity" yaml:"entity"`
+				Cfg    string `json:"cfg" yaml:"cfg"`
+			}
+			out := []refOut{}
+			errEnough := errors.New("enough")
+			err = a.Buckets(cmd.Context(), resource, func(r sluiceddb.BucketRef) error {
+				out = append(out, refOut{r.Entity, r.Cfg})
+				if limit > 0 && len(out) >= limit {
+					return errEnough
+				}
+				return nil
+			})
+			if err != nil && !errors.Is(err, errEnough) {
+				return err
+			}
+			return o.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "ENTITY\tCFG")
+				for _, r := range out {
+					fmt.Fprintf(w, "%s\t%s\n", r.Entity, r.Cfg)
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&resource, "resource", "", "the resource (required)")
+	cmd.Flags().IntVar(&limit, "limit", 0, "stop after this many buckets (0: all)")
+	return cmd
+}
