@@ -21,6 +21,9 @@ func newBucketsCommand() *cobra.Command {
 		Long: `A bucket is one entity's state for one resource: for each of its limits the
 tokens left at its refill clock. These commands only read; a bucket changes
 when Sluice decides on it.`,
+		Example: `  export SLUICE_TABLE=sluice
+  sluice buckets get --entity acme --resource chat
+  sluice buckets list --resource chat --limit 20`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}

@@ -106,3 +106,17 @@ func TestREADMEDocumentsEveryFlag(t *testing.T) {
 		}
 	}
 }
+
+// Every command's --help shows how it is used: an example each.
+func TestEveryCommandHasExamples(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.HasParent() && strings.TrimSpace(c.Example) == "" {
+			t.Errorf("%s has no examples in its --help", c.CommandPath())
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRootCommand())
+}

@@ -19,6 +19,9 @@ func newEntityCommand() *cobra.Command {
 cascade on, each of its requests is charged to its own bucket and to the
 parent's bucket for the same resource, atomically: a team's keys share the
 team's budget. These commands read and write the DynamoDB table directly.`,
+		Example: `  export SLUICE_TABLE=sluice
+  sluice entity set key-123 --parent team-a --cascade
+  sluice entity children team-a`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}

@@ -35,6 +35,10 @@ func newLimitsCommand() *cobra.Command {
 		Use:   "limits",
 		Short: "Set, show and delete limits at the four levels, by hand or from a manifest",
 		Long:  limitsHelp,
+		Example: `  export SLUICE_TABLE=sluice
+  sluice limits set --entity acme --resource chat rpm=200/min
+  sluice limits get --entity acme --resource chat
+  sluice limits apply -f limits.yaml --dry-run`,
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}

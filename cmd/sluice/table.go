@@ -23,10 +23,11 @@ type tableOptions struct {
 
 func newTableCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "table",
-		Short: "Manage the DynamoDB table of the dynamodb backend",
-		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		Use:     "table",
+		Short:   "Manage the DynamoDB table of the dynamodb backend",
+		Example: `  sluice table create --table sluice --region eu-west-1`,
+		Args:    cobra.NoArgs,
+		RunE:    func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	cmd.AddCommand(newTableCreateCommand())
 	return cmd
