@@ -466,21 +466,28 @@ func (p *istioProxy) stack(t *testing.T, s *istioSluice) *envoyStack {
 	return newEnvoyStackFor(t, &envoyModel{t: t, vhost: p.vhost, filters: []envoyRateLimitFilter{p.filter}}, s.rules)
 }
 
+// istioVirtualHost is a virtual host as istiod generates it: one route
+// for every path to cluster.
+func istioVirtualHost(name string, domains []string, route, cluster string) *routev3.VirtualHost {
+	return &routev3.VirtualHost{
+		Name:    name,
+		Domains: domains,
+		Routes: []*routev3.Route{{
+			Name:  route,
+			Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+				ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+			}},
+		}},
+	}
+}
+
 func TestIstioGateway(t *testing.T) {
 	s := loadIstioSluice(t)
 	// A virtual host as istiod generates it at the gateway for a
 	// VirtualService of shop.example.com.
-	base := &routev3.VirtualHost{
-		Name:    "shop.example.com:80",
-		Domains: []string{"shop.example.com", "status.example.com"},
-		Routes: []*routev3.Route{{
-			Name:  "shop.shop.svc.cluster.local:8080",
-			Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-				ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "outbound|8080||shop.shop.svc.cluster.local"},
-			}},
-		}},
-	}
+	base := istioVirtualHost("shop.example.com:80", []string{"shop.example.com", "status.example.com"},
+		"shop.shop.svc.cluster.local:8080", "outbound|8080||shop.shop.svc.cluster.local")
 	p := loadIstioProxy(t, "istio/gateway.yaml", base)
 	if p.namespace != "istio-system" || p.selector["istio"] != "ingressgateway" || p.context != istiov1alpha3.EnvoyFilter_GATEWAY {
 		t.Errorf("EnvoyFilters for %s %v in context %v, want the ingress gateway from istio-system", p.namespace, p.selector, p.context)
@@ -521,17 +528,7 @@ func TestIstioGateway(t *testing.T) {
 func TestIstioSidecar(t *testing.T) {
 	s := loadIstioSluice(t)
 	// The inbound virtual host istiod generates for port 8080 of a pod.
-	base := &routev3.VirtualHost{
-		Name:    "inbound|http|8080",
-		Domains: []string{"*"},
-		Routes: []*routev3.Route{{
-			Name:  "default",
-			Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-			Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-				ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "inbound|8080||"},
-			}},
-		}},
-	}
+	base := istioVirtualHost("inbound|http|8080", []string{"*"}, "default", "inbound|8080||")
 	p := loadIstioProxy(t, "istio/sidecar.yaml", base)
 	if p.namespace == "istio-system" || p.selector["app"] != "orders" || p.context != istiov1alpha3.EnvoyFilter_SIDECAR_INBOUND {
 		t.Errorf("EnvoyFilters for %s %v in context %v, want the orders workload's inbound sidecar", p.namespace, p.selector, p.context)

@@ -58,6 +58,16 @@ func (o *adminOptions) admin(ctx context.Context) (*sluiceddb.Admin, error) {
 	return a, nil
 }
 
+// scoped checks the scope flags, then connects.
+func (o *adminOptions) scoped(ctx context.Context, s scopeOptions) (*sluiceddb.Admin, backend.RecordKey, error) {
+	k, err := s.key()
+	if err != nil {
+		return nil, k, err
+	}
+	a, err := o.admin(ctx)
+	return a, k, err
+}
+
 func (o *adminOptions) clock() time.Time {
 	if o.now != nil {
 		return o.now()

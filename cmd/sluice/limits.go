@@ -39,8 +39,8 @@ func newLimitsCommand() *cobra.Command {
   sluice limits set --entity acme --resource chat rpm=200/min
   sluice limits get --entity acme --resource chat
   sluice limits apply -f limits.yaml --dry-run`,
-		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	addAdminFlags(cmd, o)
 	cmd.AddCommand(newLimitsSetCommand(o), newLimitsGetCommand(o), newLimitsDeleteCommand(o),
@@ -162,11 +162,7 @@ resource are not in the table: where no level has any, they apply.`,
   sluice limits get --table sluice --resource chat -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			k, err := s.key()
-			if err != nil {
-				return err
-			}
-			a, err := o.admin(cmd.Context())
+			a, k, err := o.scoped(cmd.Context(), s)
 			if err != nil {
 				return err
 			}
@@ -222,11 +218,7 @@ func newLimitsDeleteCommand(o *adminOptions) *cobra.Command {
   sluice limits delete --table sluice --resource chat`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			k, err := s.key()
-			if err != nil {
-				return err
-			}
-			a, err := o.admin(cmd.Context())
+			a, k, err := o.scoped(cmd.Context(), s)
 			if err != nil {
 				return err
 			}
