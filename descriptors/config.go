@@ -39,6 +39,12 @@ func Parse(files map[string][]byte) (*Config, error) {
 	return parse(files, fingerprint(files))
 }
 
+// HasDomain reports whether a rule file defines domain.
+func (c *Config) HasDomain(domain string) bool {
+	_, ok := c.domains[domain]
+	return ok
+}
+
 // Domains returns the names of the configured domains, sorted.
 func (c *Config) Domains() []string { return slices.Clone(c.domainNames) }
 

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"math"
 	"sync/atomic"
+	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -40,8 +41,17 @@ type Options struct {
 	ResponseHeaders bool
 	// Input bounds the size of a request; zero fields take defaults.
 	Input InputLimits
-	// Logger receives failure-policy activations. Nil discards them.
-	Logger *slog.Logger
+	// Logger receives failure-policy activations, at most one line per
+	// FailureLogInterval (5 s) with a count of those left out, so a dead
+	// backend cannot flood the logs. Nil discards them.
+	Logger             *slog.Logger
+	FailureLogInterval time.Duration
+	// Observer hears every decision and call (metrics, traces); nil is
+	// none.
+	Observer Observer
+	// NearLimitRatio is the share of a limit's burst used beyond which
+	// an allowed descriptor counts as near its limit (0.8).
+	NearLimitRatio float64
 }
 
 // Service implements rlsv3.RateLimitServiceServer. It is safe for
@@ -51,6 +61,7 @@ type Service struct {
 	backend backend.Backend
 	opts    Options
 	stats   counters
+	failLog logLimiter
 }
 
 // New returns a Service deciding rules' descriptors with be.
@@ -59,7 +70,16 @@ func New(rules Rules, be backend.Backend, opts Options) *Service {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Service{rules: rules, backend: be, opts: opts}
+	if opts.FailureLogInterval <= 0 {
+		opts.FailureLogInterval = 5 * time.Second
+	}
+	if opts.Observer == nil {
+		opts.Observer = nopObserver{}
+	}
+	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
+		opts.NearLimitRatio = 0.8
+	}
+	return &Service{rules: rules, backend: be, opts: opts, failLog: logLimiter{every: opts.FailureLogInterval}}
 }
 
 // Stats are running totals since start.
@@ -87,12 +107,24 @@ func (s *Service) Stats() Stats {
 
 // ShouldRateLimit implements rlsv3.RateLimitServiceServer.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
+	cfg := s.rules.Current()
+	resp, err := s.shouldRateLimit(ctx, cfg, req)
+	a := Answered{Domain: req.GetDomain(), KnownDomain: cfg.HasDomain(req.GetDomain()),
+		Code: status.Code(err), Duration: time.Since(start)}
+	if resp != nil {
+		a.Overall = resp.OverallCode
+	}
+	s.opts.Observer.Answered(ctx, a)
+	return resp, err
+}
+
+func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	s.stats.requests.Add(1)
 	if err := s.opts.Input.validate(req); err != nil {
 		s.stats.invalid.Add(1)
 		return nil, err
 	}
-	cfg := s.rules.Current()
 	matches := make([]descriptors.Match, len(req.Descriptors))
 	matched := make([]bool, len(req.Descriptors))
 	var replaced map[string]bool
@@ -119,9 +151,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		resp.Statuses[i] = st
 		switch {
 		case !matched[i] || m.Rule == nil:
+			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, Outcome: OutcomeUnmatched})
 		case m.Rule.Unlimited:
 			// Unlimited wins over replaces, as in envoyproxy/ratelimit.
 			st.LimitRemaining = math.MaxUint32
+			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, Rule: m.Rule, Entity: m.Entity, Outcome: OutcomeUnlimited})
 		case m.Rule.Name != "" && replaced[m.Rule.Name]:
 		default:
 			if err := s.decide(ctx, req, d, m, st); err != nil {
@@ -152,25 +186,41 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, d *rl
 		Hits:     hits(req, d),
 		Refund:   d.GetIsNegativeHits(),
 	})
+	outcome := OutcomeOK
 	if err != nil {
 		if err := s.onBackendError(ctx, req.Domain, m, err, st); err != nil {
 			return err
 		}
 	} else if dec.Limited() {
 		fillStatus(st, dec, m.Rule)
+		if l, r := dec.Limits[dec.Binding], dec.Results[dec.Binding]; dec.Allowed &&
+			float64(r.Tokens) < (1-s.opts.NearLimitRatio)*float64(l.Burst) {
+			outcome = OutcomeNearLimit
+		}
 	}
-	if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && (s.opts.ShadowMode || m.Rule.ShadowMode) {
-		st.Code = rlsv3.RateLimitResponse_OK
-		s.stats.shadow.Add(1)
+	if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+		outcome = OutcomeOverLimit
+		if s.opts.ShadowMode || m.Rule.ShadowMode {
+			st.Code = rlsv3.RateLimitResponse_OK
+			s.stats.shadow.Add(1)
+			outcome = OutcomeShadowOverLimit
+		}
 	}
+	s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, Rule: m.Rule, Entity: m.Entity, Outcome: outcome})
 	return nil
 }
 
 func (s *Service) onBackendError(ctx context.Context, domain string, m descriptors.Match, err error, st *rlsv3.RateLimitResponse_DescriptorStatus) error {
 	s.stats.backendErrors.Add(1)
-	s.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "backend failed; applying failure policy",
-		slog.String("policy", s.opts.OnBackendError.String()),
-		slog.String("domain", domain), slog.String("rule", m.Rule.Path), slog.Any("error", err))
+	s.opts.Observer.FailurePolicyApplied(ctx, domain, s.opts.OnBackendError, err)
+	// Backend errors may quote entities (request data): the warning names
+	// only the kind of failure; the error itself is at debug level.
+	if ok, left := s.failLog.allow(time.Now()); ok {
+		s.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "backend failed; applying failure policy",
+			slog.String("policy", s.opts.OnBackendError.String()), slog.String("domain", domain),
+			slog.String("rule", m.Rule.Path), slog.String("kind", errorKind(err)), slog.Int("not_logged_since_last", left))
+	}
+	s.opts.Logger.LogAttrs(ctx, slog.LevelDebug, "backend error", slog.String("rule", m.Rule.Path), slog.Any("error", err))
 	switch s.opts.OnBackendError {
 	case FailAllow:
 		st.Code = rlsv3.RateLimitResponse_OK

@@ -1,0 +1,48 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// logLimiter lets one line through per interval and counts the others, so
+// that a backend failing every call cannot flood the logs.
+type logLimiter struct {
+	every time.Duration
+
+	mu      sync.Mutex
+	next    time.Time
+	dropped int
+}
+
+// allow reports whether a line may be logged at now, and how many were
+// held back since the last one that was.
+func (l *logLimiter) allow(now time.Time) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Before(l.next) {
+		l.dropped++
+		return false, 0
+	}
+	l.next = now.Add(l.every)
+	n := l.dropped
+	l.dropped = 0
+	return true, n
+}
+
+// errorKind names a backend failure without its message: "timeout",
+// "canceled", an AWS error code such as "ThrottlingException", or "error".
+func errorKind(err error) string {
+	var coded interface{ ErrorCode() string }
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.As(err, &coded) && coded.ErrorCode() != "":
+		return coded.ErrorCode()
+	}
+	return "error"
+}
