@@ -6,6 +6,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sluice-rl/sluice/backend/bucket"
 )
@@ -83,5 +84,21 @@ func TestResolveStoreErrorIsNotAbsent(t *testing.T) {
 	_, err := Resolve(context.Background(), rec, "e", "r", nil)
 	if err == nil || !strings.Contains(err.Error(), "throttled") || !strings.Contains(err.Error(), `"e"`) {
 		t.Fatalf("store error: %v", err)
+	}
+}
+
+func TestTTLDuration(t *testing.T) {
+	for _, c := range []struct {
+		ms   int64
+		ok   bool
+		want time.Duration
+	}{
+		{0, false, 0},
+		{420_000, true, 7 * time.Minute},
+		{math.MaxInt64, true, time.Duration(math.MaxInt64/int64(time.Millisecond)) * time.Millisecond},
+	} {
+		if got := TTLDuration(c.ms, c.ok); got != c.want || got < 0 {
+			t.Errorf("TTLDuration(%d, %v) = %v, want %v", c.ms, c.ok, got, c.want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package backend
 
 import (
 	"math"
+	"time"
 
 	"github.com/sluice-rl/sluice/backend/bucket"
 )
@@ -37,4 +38,14 @@ func BucketTTL(r Resolved, multiplier int64) (int64, bool) {
 		return math.MaxInt64, true
 	}
 	return longest * multiplier, true
+}
+
+// TTLDuration turns BucketTTL's answer into a Duration for reporting: 0
+// for a bucket that never expires, and at most about 290 years (the
+// longest Duration) for one whose limits take longer to fill.
+func TTLDuration(ttlMs int64, ok bool) time.Duration {
+	if !ok {
+		return 0
+	}
+	return time.Duration(min(ttlMs, math.MaxInt64/int64(time.Millisecond))) * time.Millisecond
 }

@@ -55,6 +55,10 @@ type Options struct {
 	MaxDenyStaleness time.Duration
 	// Now returns the time in epoch milliseconds; nil is the wall clock.
 	Now func() int64
+	// OnBucketWrite, when set, hears every bucket written with the TTL it
+	// was given (0: never expires), so the TTL distribution can be
+	// monitored (ADR-031).
+	OnBucketWrite func(ttl time.Duration)
 }
 
 // Backend keeps token buckets in DynamoDB (DESIGN section 6): one item per
@@ -236,6 +240,11 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 				Binding: bucket.Binding(limits, results), Level: level}, nil
 		}
 		err := b.write(ctx, ts, now)
+		if err == nil && b.opts.OnBucketWrite != nil {
+			for i := range ts {
+				b.opts.OnBucketWrite(backend.TTLDuration(backend.BucketTTL(ts[i].res, b.opts.TTLMultiplier)))
+			}
+		}
 		if err == nil {
 			// Report what the table holds now where the write told us.
 			off := 0

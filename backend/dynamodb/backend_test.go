@@ -3,6 +3,7 @@ package dynamodb
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -308,7 +309,8 @@ func TestExpiredItemCountsAsAbsent(t *testing.T) {
 // removes the ttl and downgrading adds it back; each write moves it.
 func TestTTLBySource(t *testing.T) {
 	e := newEnv(t)
-	b := e.replica(t, Options{ConfigCacheTTL: time.Millisecond})
+	var writes []time.Duration // by OnBucketWrite; decisions here are sequential
+	b := e.replica(t, Options{ConfigCacheTTL: time.Millisecond, OnBucketWrite: func(ttl time.Duration) { writes = append(writes, ttl) }})
 	limits := []bucket.Limit{lim(t, "x", "10/s", 0)} // fills in 1 s
 	req := backend.Request{Entity: "vip", Resource: "r", Defaults: limits, Hits: 1}
 	ttlOf := func() (int64, bool) {
@@ -350,6 +352,11 @@ func TestTTLBySource(t *testing.T) {
 	cfg := e.rawItem(t, "ENTITY#vip", "#CONFIG#r")
 	if ttl := attrN(t, cfg, attrTTL); ttl != ceilSeconds(e.clock.now()+3*3_600_000) {
 		t.Fatalf("sync-written config ttl %d, want now + 3 x sync window", ttl)
+	}
+	// Each write was reported with the TTL it set: default-sourced twice,
+	// operator config (never), sync-written config.
+	if want := []time.Duration{7 * time.Second, 7 * time.Second, 0, 7 * time.Second}; !slices.Equal(writes, want) {
+		t.Errorf("writes reported %v, want %v", writes, want)
 	}
 	// TTL management off.
 	off := e.replica(t, Options{TTLMultiplier: -1})

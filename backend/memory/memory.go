@@ -47,6 +47,10 @@ type Options struct {
 	// SweepInterval is how often idle buckets are dropped; 0 means a minute
 	// (ADR-001's default), negative disables the background sweep.
 	SweepInterval time.Duration
+	// OnBucketWrite, when set, hears every bucket write with the TTL it
+	// set (0: the bucket never expires), so the TTL distribution can be
+	// monitored (ADR-031). It runs under the bucket's lock: keep it quick.
+	OnBucketWrite func(ttl time.Duration)
 }
 
 // Backend is the in-memory backend. Create it with New and release its
@@ -164,8 +168,12 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		// on DynamoDB, where it writes nothing.
 		if allowed && (req.Hits > 0 || req.Refund) {
 			e.expires = 0
-			if ttl, ok := backend.BucketTTL(charges[i].res, b.opts.TTLMultiplier); ok {
+			ttl, ok := backend.BucketTTL(charges[i].res, b.opts.TTLMultiplier)
+			if ok {
 				e.expires = now + ttl
+			}
+			if b.opts.OnBucketWrite != nil {
+				b.opts.OnBucketWrite(backend.TTLDuration(ttl, ok))
 			}
 		}
 	}

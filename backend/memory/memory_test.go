@@ -3,10 +3,12 @@ package memory
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
@@ -271,7 +273,8 @@ entities:
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, clk := newTestBackend(t, Options{Overrides: ov, TTLMultiplier: 7})
+	var writes []time.Duration
+	b, clk := newTestBackend(t, Options{Overrides: ov, TTLMultiplier: 7, OnBucketWrite: func(ttl time.Duration) { writes = append(writes, ttl) }})
 	defaults := []bucket.Limit{limit(t, "fast=10/s"), limit(t, "slow=60/min:120")} // fills in 1 s and 120 s
 	decide(t, b, backend.Request{Entity: "anon", Resource: "r", Defaults: defaults, Hits: 1})
 	decide(t, b, backend.Request{Entity: "vip", Resource: "r", Defaults: defaults, Hits: 1})
@@ -298,6 +301,12 @@ entities:
 	decide(t, b, backend.Request{Entity: "anon", Resource: "r", Defaults: defaults, Hits: 0})
 	if anon4, _ := b.Snapshot("anon", "r"); anon4.Expires != anon2.Expires {
 		t.Fatal("a zero-hit check moved the ttl")
+	}
+
+	// Every write was reported with its TTL: three for anon, one for vip
+	// (never expires); the denial and the check were no writes.
+	if want := []time.Duration{14 * time.Minute, 0, 14 * time.Minute}; !slices.Equal(writes, want) {
+		t.Errorf("writes reported %v, want %v", writes, want)
 	}
 
 	off, _ := newTestBackend(t, Options{TTLMultiplier: 0})
