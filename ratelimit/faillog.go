@@ -32,9 +32,10 @@ func (l *logLimiter) allow(now time.Time) (bool, int) {
 	return true, n
 }
 
-// errorKind names a backend failure without its message: "timeout",
-// "canceled", an AWS error code such as "ThrottlingException", or "error".
-func errorKind(err error) string {
+// ErrorKind names a backend failure without its message, which may quote
+// request data: "timeout", "canceled", an AWS error code such as
+// "ThrottlingException", or "error".
+func ErrorKind(err error) string {
 	var coded interface{ ErrorCode() string }
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):

@@ -48,7 +48,10 @@ func (o Outcome) String() string {
 
 // Decided is the outcome of one descriptor.
 type Decided struct {
-	Domain string
+	// Domain is the request's domain; KnownDomain says whether the rules
+	// define it (a descriptor in an unknown domain is unmatched).
+	Domain      string
+	KnownDomain bool
 	// Rule is the rule that matched; nil for OutcomeUnmatched.
 	Rule *descriptors.Rule
 	// Entity is the bucket's entity: request data, for the metrics of

@@ -151,11 +151,11 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 		resp.Statuses[i] = st
 		switch {
 		case !matched[i] || m.Rule == nil:
-			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, Outcome: OutcomeUnmatched})
+			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: cfg.HasDomain(req.Domain), Outcome: OutcomeUnmatched})
 		case m.Rule.Unlimited:
 			// Unlimited wins over replaces, as in envoyproxy/ratelimit.
 			st.LimitRemaining = math.MaxUint32
-			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, Rule: m.Rule, Entity: m.Entity, Outcome: OutcomeUnlimited})
+			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: true, Rule: m.Rule, Entity: m.Entity, Outcome: OutcomeUnlimited})
 		case m.Rule.Name != "" && replaced[m.Rule.Name]:
 		default:
 			if err := s.decide(ctx, req, d, m, st); err != nil {
@@ -206,7 +206,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, d *rl
 			outcome = OutcomeShadowOverLimit
 		}
 	}
-	s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, Rule: m.Rule, Entity: m.Entity, Outcome: outcome})
+	s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: true, Rule: m.Rule, Entity: m.Entity, Outcome: outcome})
 	return nil
 }
 
@@ -218,7 +218,7 @@ func (s *Service) onBackendError(ctx context.Context, domain string, m descripto
 	if ok, left := s.failLog.allow(time.Now()); ok {
 		s.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "backend failed; applying failure policy",
 			slog.String("policy", s.opts.OnBackendError.String()), slog.String("domain", domain),
-			slog.String("rule", m.Rule.Path), slog.String("kind", errorKind(err)), slog.Int("not_logged_since_last", left))
+			slog.String("rule", m.Rule.Path), slog.String("kind", ErrorKind(err)), slog.Int("not_logged_since_last", left))
 	}
 	s.opts.Logger.LogAttrs(ctx, slog.LevelDebug, "backend error", slog.String("rule", m.Rule.Path), slog.Any("error", err))
 	switch s.opts.OnBackendError {

@@ -79,3 +79,6 @@ func each(cc []types.ConsumedCapacity) []*types.ConsumedCapacity {
 	}
 	return out
 }
+
+// ConfigCacheLen is how many buckets' config records the cache holds.
+func (b *Backend) ConfigCacheLen() int { return b.records.cache.Len() }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -23,6 +24,7 @@ import (
 	"github.com/sluice-rl/sluice/backend/memory"
 	"github.com/sluice-rl/sluice/descriptors"
 	"github.com/sluice-rl/sluice/ratelimit"
+	"github.com/sluice-rl/sluice/telemetry"
 )
 
 // serveOptions are the flags of `sluice serve`.
@@ -42,6 +44,12 @@ type serveOptions struct {
 	pprof                         bool
 	shutdownTimeout               time.Duration
 	logLevel, logFormat           string
+	nearLimitRatio                float64
+	otlpEndpoint                  string
+	otlpInsecure                  bool
+	traceSampling                 float64
+	// spanExporter receives spans too (tests); it is no flag.
+	spanExporter sdktrace.SpanExporter
 }
 
 func newServeCommand() *cobra.Command {
@@ -90,6 +98,10 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls may take to finish")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
+	f.Float64Var(&o.nearLimitRatio, "near-limit-ratio", 0.8, "share of a limit's burst used beyond which an allowed descriptor counts as near_limit in metrics")
+	f.StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "host:port of an OTLP/gRPC collector for traces and metrics; empty: none (metrics stay on /metrics)")
+	f.BoolVar(&o.otlpInsecure, "otlp-insecure", false, "send OTLP without TLS (a collector on localhost or in the pod)")
+	f.Float64Var(&o.traceSampling, "trace-sampling", 0.01, "fraction of calls traced when Envoy sends no sampling decision (0 to 1)")
 	return cmd
 }
 
@@ -102,11 +114,16 @@ type server struct {
 	grpcLn, httpLn, debugLn net.Listener
 	rules                   *descriptors.Watcher
 	backend                 servedBackend
-	service                 *ratelimit.Service
-	shuttingDown            atomic.Bool
-	shutdownTimeout         time.Duration
-	errc                    chan error
-	stopWatch               context.CancelFunc
+	telemetry               *telemetry.Telemetry
+	// answered latches once the backend has answered a readiness probe:
+	// a later backend outage is the failure policy's to handle, not a
+	// reason to take every replica out of Envoy's endpoints.
+	answered        atomic.Bool
+	service         *ratelimit.Service
+	shuttingDown    atomic.Bool
+	shutdownTimeout time.Duration
+	errc            chan error
+	stopWatch       context.CancelFunc
 }
 
 // startServer validates o, loads the rules, binds every listener and
@@ -117,8 +134,17 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--on-backend-error: %w", err)}
 	}
-	be, err := openBackend(ctx, o)
+	if o.nearLimitRatio <= 0 || o.nearLimitRatio > 1 {
+		return nil, usageError{fmt.Errorf("--near-limit-ratio %v: want a fraction above 0, at most 1", o.nearLimitRatio)}
+	}
+	tel, err := telemetry.New(ctx, telemetry.Options{OTLPEndpoint: o.otlpEndpoint, OTLPInsecure: o.otlpInsecure,
+		TraceSampling: o.traceSampling, SpanExporter: o.spanExporter})
 	if err != nil {
+		return nil, usageError{err}
+	}
+	be, err := openBackend(ctx, o, tel)
+	if err != nil {
+		tel.Shutdown(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
@@ -126,28 +152,42 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 	if err != nil {
 		stopWatch()
 		be.Close()
+		tel.Shutdown(context.WithoutCancel(ctx))
 		return nil, err // it names the directory, and each file:line at fault
 	}
 	s := &server{
 		log:             log,
 		rules:           rules,
 		backend:         be,
+		telemetry:       tel,
 		shutdownTimeout: o.shutdownTimeout,
 		errc:            make(chan error, 3),
 		stopWatch:       stopWatch,
 	}
-	s.service = ratelimit.New(rules, s.backend, ratelimit.Options{
+	s.service = ratelimit.New(rules, tel.Backend(o.backend, s.backend), ratelimit.Options{
 		ShadowMode:      o.shadowMode,
 		OnBackendError:  policy,
 		ResponseHeaders: o.responseHeaders,
 		Logger:          log,
+		Observer:        tel,
+		NearLimitRatio:  o.nearLimitRatio,
 	})
+	if err := tel.ObserveRules(rules.Stats); err != nil {
+		s.close()
+		return nil, err
+	}
+	if d, ok := be.(*ddb.Backend); ok {
+		if err := tel.ObserveDynamoDB(d); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
 	if err := s.listen(o); err != nil {
 		s.close()
 		return nil, err
 	}
 
-	s.grpc = grpc.NewServer(grpc.ChainUnaryInterceptor(ratelimit.RecoverPanics(log)))
+	s.grpc = grpc.NewServer(grpc.StatsHandler(tel.GRPCServerHandler()), grpc.ChainUnaryInterceptor(ratelimit.RecoverPanics(log)))
 	ratelimit.Register(s.grpc, s.service)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -181,7 +221,7 @@ type servedBackend interface {
 // openBackend builds the backend --backend names. The DynamoDB backend's
 // table must exist: serve stops at once, naming the fix, rather than
 // failing every request.
-func openBackend(ctx context.Context, o serveOptions) (servedBackend, error) {
+func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry) (servedBackend, error) {
 	switch o.backend {
 	case "memory":
 		var ov *memory.Overrides
@@ -191,7 +231,8 @@ func openBackend(ctx context.Context, o serveOptions) (servedBackend, error) {
 				return nil, err
 			}
 		}
-		return memory.New(memory.Options{Overrides: ov, TTLMultiplier: o.ttlMultiplier, MaxBuckets: o.memoryMaxBuckets}), nil
+		return memory.New(memory.Options{Overrides: ov, TTLMultiplier: o.ttlMultiplier, MaxBuckets: o.memoryMaxBuckets,
+			OnBucketWrite: tel.BucketWritten}), nil
 	case "dynamodb":
 		if o.table == "" {
 			return nil, usageError{errors.New("--backend dynamodb needs --table (create it with: sluice table create --table NAME)")}
@@ -211,7 +252,8 @@ func openBackend(ctx context.Context, o serveOptions) (servedBackend, error) {
 		if o.configCacheTTL <= 0 {
 			return nil, usageError{fmt.Errorf("--config-cache-ttl %v: want a positive duration", o.configCacheTTL)}
 		}
-		return ddb.New(client, ddb.Options{Table: o.table, KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier, ConfigCacheTTL: o.configCacheTTL})
+		return ddb.New(tel.DynamoDB(client), ddb.Options{Table: o.table, KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier,
+			ConfigCacheTTL: o.configCacheTTL, OnBucketWrite: tel.BucketWritten})
 	}
 	return nil, usageError{fmt.Errorf("--backend %q: want memory or dynamodb", o.backend)}
 }
@@ -275,6 +317,11 @@ func (s *server) close() {
 	}
 	s.stopWatch()
 	s.backend.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.telemetry.Shutdown(ctx); err != nil {
+		s.log.Warn("telemetry did not flush", slog.Any("error", err))
+	}
 }
 
 func (s *server) httpHandler() http.Handler {
@@ -282,6 +329,7 @@ func (s *server) httpHandler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
+	mux.Handle("GET /metrics", s.telemetry.MetricsHandler())
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if err := s.ready(r.Context()); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
@@ -292,8 +340,10 @@ func (s *server) httpHandler() http.Handler {
 	return mux
 }
 
-// ready is true when the rules are loaded, the backend answers and the
-// process is not shutting down.
+// ready is true once the rules are loaded and the backend has answered,
+// until the process starts shutting down. The backend is asked only until
+// it first answers: an outage later is answered by the failure policy,
+// and must not take every replica out of service at once.
 func (s *server) ready(ctx context.Context) error {
 	if s.shuttingDown.Load() {
 		return errors.New("shutting down")
@@ -301,11 +351,15 @@ func (s *server) ready(ctx context.Context) error {
 	if s.rules.Current() == nil {
 		return errors.New("rules not loaded")
 	}
+	if s.answered.Load() {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if err := s.backend.Ping(ctx); err != nil {
-		return fmt.Errorf("backend: %w", err)
+		return fmt.Errorf("backend has not answered yet: %w", err)
 	}
+	s.answered.Store(true)
 	return nil
 }
 

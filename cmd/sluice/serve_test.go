@@ -39,7 +39,7 @@ descriptors:
 func testOptions(dir string) serveOptions {
 	return serveOptions{
 		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", debugAddr: "127.0.0.1:0",
-		configDir: dir, backend: "memory", onBackendError: "error", ttlMultiplier: 7, configCacheTTL: time.Minute,
+		configDir: dir, backend: "memory", onBackendError: "error", ttlMultiplier: 7, configCacheTTL: time.Minute, nearLimitRatio: 0.8,
 		shutdownTimeout: 5 * time.Second, logLevel: "info", logFormat: "text",
 	}
 }
@@ -320,6 +320,25 @@ func TestServeOnDynamoDB(t *testing.T) {
 	if err != nil || len(item.Item) == 0 {
 		t.Fatalf("bucket item not found: %v %v", item, err)
 	}
+	// And on /metrics: three decisions, two writes, the table's capacity.
+	got, raw := scrape(t, s)
+	for k, ok := range map[string]bool{
+		`sluice_backend_call_duration_seconds_count{backend=dynamodb,operation=decide}`:     got[`sluice_backend_call_duration_seconds_count{backend=dynamodb,operation=decide}`] == 3,
+		`sluice_backend_call_duration_seconds_count{backend=dynamodb,operation=PutItem}`:    got[`sluice_backend_call_duration_seconds_count{backend=dynamodb,operation=PutItem}`] == 1,
+		`sluice_backend_call_duration_seconds_count{backend=dynamodb,operation=UpdateItem}`: got[`sluice_backend_call_duration_seconds_count{backend=dynamodb,operation=UpdateItem}`] == 1,
+		`sluice_bucket_writes_total{ttl=set}`:                                               got[`sluice_bucket_writes_total{ttl=set}`] == 2,
+		`sluice_dynamodb_write_capacity_units_total{}`:                                      got[`sluice_dynamodb_write_capacity_units_total{}`] > 0,
+		`sluice_config_cache_misses_total{}`:                                                got[`sluice_config_cache_misses_total{}`] == 1,
+		`sluice_config_cache_hits_total{}`:                                                  got[`sluice_config_cache_hits_total{}`] == 2,
+		`sluice_config_cache_size{}`:                                                        got[`sluice_config_cache_size{}`] == 1,
+		`sluice_dynamodb_condition_retries_total{}`:                                         got[`sluice_dynamodb_condition_retries_total{}`] == 0,
+	} {
+		if !ok {
+			t.Errorf("%s = %v\n%s", k, got[k], raw)
+		}
+	}
+	checkMetricsDocumented(t, got, true)
+
 	// What DynamoDB cost is visible on /debug/config.
 	view := describe(s.rules, s.service, s.backend)
 	if view.DynamoDB == nil || view.DynamoDB.Calls["UpdateItem"] == 0 || view.DynamoDB.WriteUnits <= 0 || view.DynamoDB.CacheMisses == 0 {

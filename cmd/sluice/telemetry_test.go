@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+)
+
+// scrape reads /metrics into "name{label=value,...}" -> value, labels
+// sorted; a histogram gives name_count and name_sum.
+func scrape(t *testing.T, s *server) (map[string]float64, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + s.httpLn.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var raw strings.Builder
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(teeReader{resp.Body, &raw})
+	if err != nil {
+		t.Fatalf("/metrics is not the Prometheus text format: %v", err)
+	}
+	out := map[string]float64{}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			sort.Strings(labels)
+			key := name + "{" + strings.Join(labels, ",") + "}"
+			switch {
+			case m.GetCounter() != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				out[strings.Replace(key, "{", "_count{", 1)] = float64(m.GetHistogram().GetSampleCount())
+				out[strings.Replace(key, "{", "_sum{", 1)] = m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return out, raw.String()
+}
+
+type teeReader struct {
+	r interface{ Read([]byte) (int, error) }
+	w *strings.Builder
+}
+
+func (t teeReader) Read(p []byte) (int, error) {
+	n, err := t.r.Read(p)
+	t.w.Write(p[:n])
+	return n, err
+}
+
+const rulesMetrics = `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: plan
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+`
+
+// After known traffic, /metrics holds exactly what happened.
+func TestMetricsAfterKnownTraffic(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesMetrics), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, _, _ := startTestServer(t, testOptions(dir))
+	conn, err := grpc.NewClient(s.grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	ask := func(domain string, kv ...string) {
+		t.Helper()
+		req := &rlsv3.RateLimitRequest{Domain: domain}
+		for i := 0; i < len(kv); i += 2 {
+			req.Descriptors = append(req.Descriptors, &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: kv[i], Value: kv[i+1]}}})
+		}
+		c.ShouldRateLimit(context.Background(), req)
+	}
+	// 2 a minute per address: one with a token to spare, one that
+	// spends the last (near the limit), one over.
+	for range 3 {
+		ask("edge", "remote_address", "198.51.100.7")
+	}
+	ask("edge", "plan", "gold")
+	ask("edge", "nomatch", "x")
+	ask("attacker-chosen-domain", "remote_address", "198.51.100.7")
+	ask("edge") // no descriptors: INVALID_ARGUMENT
+
+	got, raw := scrape(t, s)
+	want := map[string]float64{
+		`sluice_decisions_total{code=ok,domain=edge,rule=edge/remote_address}`:            1,
+		`sluice_decisions_total{code=near_limit,domain=edge,rule=edge/remote_address}`:    1,
+		`sluice_decisions_total{code=over_limit,domain=edge,rule=edge/remote_address}`:    1,
+		`sluice_decisions_total{code=ok,domain=edge,rule=edge/plan}`:                      1,
+		`sluice_decisions_total{code=unmatched,domain=edge,rule=}`:                        1,
+		`sluice_detailed_decisions_total{code=ok,domain=edge,entity=gold,rule=edge/plan}`: 1,
+		`sluice_request_duration_seconds_count{domain=edge,grpc_code=OK}`:                 5,
+		`sluice_request_duration_seconds_count{domain=_unknown_,grpc_code=OK}`:            1,
+		`sluice_request_duration_seconds_count{domain=edge,grpc_code=InvalidArgument}`:    1,
+		`sluice_backend_call_duration_seconds_count{backend=memory,operation=decide}`:     4,
+		`sluice_bucket_writes_total{ttl=set}`:                                             3,
+		// 2 a minute fills in 60 s: TTL 7 x 60 s, three times.
+		`sluice_bucket_ttl_seconds_count{}`:          3,
+		`sluice_bucket_ttl_seconds_sum{}`:            3 * 420,
+		`sluice_config_reloads_total{result=ok}`:     1,
+		`sluice_config_reloads_total{result=failed}`: 0,
+	}
+	var diffs []string
+	for k, v := range want {
+		if got[k] != v {
+			diffs = append(diffs, fmt.Sprintf("%s = %v, want %v", k, got[k], v))
+		}
+	}
+	if len(diffs) > 0 {
+		slices.Sort(diffs)
+		t.Errorf("metrics:\n%s\nscraped:\n%s", strings.Join(diffs, "\n"), raw)
+	}
+	// Request data never becomes a label, unless a rule asks
+	// (detailed_metric: "gold" above).
+	for _, leak := range []string{"198.51.100.7", "attacker-chosen-domain", "nomatch"} {
+		if strings.Contains(raw, leak) {
+			t.Errorf("/metrics carries request data %q", leak)
+		}
+	}
+	// Every metric the README documents is served, and every one served is
+	// documented.
+	checkMetricsDocumented(t, got, false)
+}
+
+// checkMetricsDocumented compares the families scraped with the README's
+// metrics table. Rows for the DynamoDB backend must be served only when
+// dynamo is set; rows that say they appear with the first event of their
+// kind may be missing.
+func checkMetricsDocumented(t *testing.T, scraped map[string]float64, dynamo bool) {
+	t.Helper()
+	documented := readmeMetrics(t)
+	served := map[string]bool{}
+	for k := range scraped {
+		name := k[:strings.IndexByte(k, '{')]
+		name = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(name, "_count"), "_sum"), "_bucket")
+		served[name] = true
+	}
+	for name := range served {
+		if _, ok := documented[name]; strings.HasPrefix(name, "sluice_") && !ok {
+			t.Errorf("metric %s is served but not in the README's table", name)
+		}
+	}
+	for name, row := range documented {
+		optional := strings.Contains(row, "appears with the first") || (strings.Contains(row, "DynamoDB backend only") && !dynamo)
+		if !served[name] && !optional {
+			t.Errorf("README documents %s, which is not served", name)
+		}
+	}
+}
+
+// readmeMetrics lists the metrics in the README's table, each with its
+// row.
+func readmeMetrics(t *testing.T) map[string]string {
+	t.Helper()
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(raw), "\n## Metrics\n")
+	if !ok {
+		t.Fatal("README.md has no Metrics section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	out := map[string]string{}
+	for _, line := range strings.Split(section, "\n") {
+		if !strings.HasPrefix(line, "| `sluice_") {
+			continue
+		}
+		name := strings.TrimPrefix(line, "| `")
+		name = name[:strings.IndexByte(name, '`')]
+		out[name] = line
+	}
+	if len(out) < 10 {
+		t.Fatalf("README's metrics table has %d rows", len(out))
+	}
+	return out
+}
+
+// A call's span continues the trace Envoy propagates (W3C or B3), names
+// the domain and outcome, and has the backend call as its child. Calls
+// without a trace are sampled at --trace-sampling (0 here: none).
+func TestTraces(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesMetrics), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	spans := tracetest.NewInMemoryExporter()
+	o := testOptions(dir)
+	o.spanExporter, o.traceSampling = spans, 0
+	s, _, _ := startTestServer(t, o)
+	conn, err := grpc.NewClient(s.grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{
+		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}}}}}
+
+	for _, tc := range []struct {
+		name    string
+		md      []string
+		traceID string
+		parent  string
+	}{
+		{"w3c", []string{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+			"4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"},
+		{"b3", []string{"x-b3-traceid", "80f198ee56343ba864fe8b2a57d3eff7", "x-b3-spanid", "e457b5a2e4d86bd1", "x-b3-sampled", "1"},
+			"80f198ee56343ba864fe8b2a57d3eff7", "e457b5a2e4d86bd1"},
+	} {
+		spans.Reset()
+		ctx := metadata.AppendToOutgoingContext(context.Background(), tc.md...)
+		if _, err := c.ShouldRateLimit(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		got := spans.GetSpans()
+		if len(got) != 2 {
+			t.Fatalf("%s: %d spans, want the call's and the backend's: %v", tc.name, len(got), got)
+		}
+		backendSpan, call := got[0], got[1]
+		if call.SpanKind != trace.SpanKindServer || call.SpanContext.TraceID().String() != tc.traceID || call.Parent.SpanID().String() != tc.parent {
+			t.Errorf("%s: call span %s trace %s parent %s; want trace %s parent %s", tc.name, call.Name,
+				call.SpanContext.TraceID(), call.Parent.SpanID(), tc.traceID, tc.parent)
+		}
+		attrs := map[string]string{}
+		for _, a := range call.Attributes {
+			attrs[string(a.Key)] = a.Value.Emit()
+		}
+		if attrs["sluice.domain"] != "edge" || attrs["sluice.outcome"] != "OK" {
+			t.Errorf("%s: call span attributes %v", tc.name, attrs)
+		}
+		if backendSpan.Name != "memory.decide" || backendSpan.Parent.SpanID() != call.SpanContext.SpanID() {
+			t.Errorf("%s: backend span %q with parent %s, want memory.decide under %s", tc.name, backendSpan.Name,
+				backendSpan.Parent.SpanID(), call.SpanContext.SpanID())
+		}
+	}
+
+	// No trace from Envoy, sampling 0: nothing recorded. A trace Envoy
+	// chose not to sample is not sampled either.
+	spans.Reset()
+	c.ShouldRateLimit(context.Background(), req)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")
+	c.ShouldRateLimit(ctx, req)
+	if n := len(spans.GetSpans()); n != 0 {
+		t.Errorf("%d spans for unsampled calls", n)
+	}
+}

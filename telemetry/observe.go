@@ -1,0 +1,63 @@
+package telemetry
+
+import (
+	"context"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
+	"github.com/sluice-rl/sluice/descriptors"
+)
+
+// ObserveRules reports the rules watcher's reloads when metrics are read:
+// sluice_config_reloads_total{result="ok"|"failed"}.
+func (t *Telemetry) ObserveRules(stats func() descriptors.ReloadStats) error {
+	reloads, err := t.meter.Int64ObservableCounter("sluice.config.reloads", metric.WithUnit("{reload}"),
+		metric.WithDescription("Loads of the rule files, by result (ok, failed); the first load counts."))
+	if err != nil {
+		return err
+	}
+	_, err = t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := stats()
+		o.ObserveInt64(reloads, int64(s.OK), metric.WithAttributes(attribute.String("result", "ok")))
+		o.ObserveInt64(reloads, int64(s.Failed), metric.WithAttributes(attribute.String("result", "failed")))
+		return nil
+	}, reloads)
+	return err
+}
+
+// ObserveDynamoDB reports the DynamoDB backend's running totals when
+// metrics are read: capacity consumed, lost write races, and the config
+// cache.
+func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
+	m := t.meter
+	rcu, err1 := m.Float64ObservableCounter("sluice.dynamodb.read_capacity_units", metric.WithUnit("{unit}"),
+		metric.WithDescription("Read capacity units DynamoDB reported consumed."))
+	wcu, err2 := m.Float64ObservableCounter("sluice.dynamodb.write_capacity_units", metric.WithUnit("{unit}"),
+		metric.WithDescription("Write capacity units DynamoDB reported consumed."))
+	retries, err3 := m.Int64ObservableCounter("sluice.dynamodb.condition_retries", metric.WithUnit("{write}"),
+		metric.WithDescription("Bucket writes that lost a race to another writer and were recomputed."))
+	hits, err4 := m.Int64ObservableCounter("sluice.config_cache.hits", metric.WithUnit("{lookup}"),
+		metric.WithDescription("Limit lookups answered by the config cache."))
+	misses, err5 := m.Int64ObservableCounter("sluice.config_cache.misses", metric.WithUnit("{lookup}"),
+		metric.WithDescription("Limit lookups that read the table."))
+	size, err6 := m.Int64ObservableGauge("sluice.config_cache.size", metric.WithUnit("{entry}"),
+		metric.WithDescription("Buckets whose limits the config cache holds."))
+	for _, err := range []error{err1, err2, err3, err4, err5, err6} {
+		if err != nil {
+			return err
+		}
+	}
+	s := b.Stats()
+	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveFloat64(rcu, float64(s.ReadMilliUnits.Load())/1000)
+		o.ObserveFloat64(wcu, float64(s.WriteMilliUnits.Load())/1000)
+		o.ObserveInt64(retries, int64(s.ConditionRetries.Load()))
+		o.ObserveInt64(hits, int64(s.CacheHits.Load()))
+		o.ObserveInt64(misses, int64(s.CacheMisses.Load()))
+		o.ObserveInt64(size, int64(b.ConfigCacheLen()))
+		return nil
+	}, rcu, wcu, retries, hits, misses, size)
+	return err
+}

@@ -1,0 +1,77 @@
+package telemetry
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	grpccodes "google.golang.org/grpc/codes"
+
+	"github.com/sluice-rl/sluice/ratelimit"
+)
+
+// unknownDomain stands for every domain no rule file defines: such a
+// domain is request data, and must not become a label value.
+const unknownDomain = "_unknown_"
+
+// Decided implements ratelimit.Observer.
+func (t *Telemetry) Decided(ctx context.Context, d ratelimit.Decided) {
+	rule, domain := "", d.Domain
+	if d.Rule != nil {
+		rule = d.Rule.Path
+	}
+	if !d.KnownDomain {
+		domain = unknownDomain
+	}
+	attrs := metric.WithAttributes(attribute.String("domain", domain), attribute.String("rule", rule),
+		attribute.String("code", d.Outcome.String()))
+	t.inst.decisions.Add(ctx, 1, attrs)
+	if d.Rule != nil && d.Rule.DetailedMetric {
+		t.inst.detailedDecisions.Add(ctx, 1, metric.WithAttributes(attribute.String("domain", d.Domain),
+			attribute.String("rule", rule), attribute.String("entity", d.Entity), attribute.String("code", d.Outcome.String())))
+	}
+}
+
+// Answered implements ratelimit.Observer: it times the call and marks the
+// call's span with the domain and the outcome.
+func (t *Telemetry) Answered(ctx context.Context, a ratelimit.Answered) {
+	domain := a.Domain
+	if !a.KnownDomain {
+		domain = unknownDomain
+	}
+	t.inst.requestDuration.Record(ctx, a.Duration.Seconds(), metric.WithAttributes(
+		attribute.String("domain", domain), attribute.String("grpc_code", a.Code.String())))
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	outcome := a.Overall.String()
+	if a.Code != grpccodes.OK {
+		outcome = a.Code.String()
+	}
+	span.SetAttributes(attribute.String("sluice.domain", domain), attribute.String("sluice.outcome", outcome))
+}
+
+// FailurePolicyApplied implements ratelimit.Observer.
+func (t *Telemetry) FailurePolicyApplied(ctx context.Context, domain string, policy ratelimit.FailurePolicy, err error) {
+	t.inst.failurePolicy.Add(ctx, 1, metric.WithAttributes(attribute.String("domain", domain), attribute.String("policy", policy.String())))
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent("failure policy applied", trace.WithAttributes(attribute.String("policy", policy.String())))
+		span.SetStatus(codes.Error, "backend failed")
+	}
+}
+
+// BucketWritten counts a bucket write and the TTL it set (0: none); it is
+// the backends' OnBucketWrite.
+func (t *Telemetry) BucketWritten(ttl time.Duration) {
+	ctx := context.Background()
+	if ttl <= 0 {
+		t.inst.bucketWrites.Add(ctx, 1, metric.WithAttributes(attribute.String("ttl", "none")))
+		return
+	}
+	t.inst.bucketWrites.Add(ctx, 1, metric.WithAttributes(attribute.String("ttl", "set")))
+	t.inst.bucketTTL.Record(ctx, ttl.Seconds())
+}

@@ -1,0 +1,173 @@
+// Package telemetry turns what Sluice does into OpenTelemetry metrics and
+// traces: metrics scraped by Prometheus from /metrics (and pushed over
+// OTLP when an endpoint is set), traces exported over OTLP.
+//
+// A Telemetry is built once per process by New and handed to the parts it
+// observes: it is the ratelimit.Observer of the service, it wraps the
+// backend and the DynamoDB client to time their calls, and it reads the
+// running totals of the rules watcher and the DynamoDB backend when
+// scraped. Nothing is global: the meter and tracer providers live in the
+// Telemetry, and Shutdown flushes them.
+//
+// Label values come from configuration only (domains that have rule files,
+// rule paths, operation names), so the number of series stays bounded
+// whatever the requests carry. The one exception is opt-in: a rule with
+// detailed_metric adds its entities to sluice_detailed_decisions_total.
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/contrib/propagators/b3"
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc/stats"
+)
+
+// Options configure a Telemetry. The zero value serves Prometheus metrics
+// and records no traces.
+type Options struct {
+	// OTLPEndpoint, when set (host:port), receives traces and metrics
+	// over OTLP/gRPC.
+	OTLPEndpoint string
+	// OTLPInsecure sends OTLP without TLS (a collector on localhost or in
+	// the pod).
+	OTLPInsecure bool
+	// TraceSampling is the fraction of calls traced when Envoy sends no
+	// sampling decision of its own (0 to 1); a decision Envoy propagates is
+	// always followed.
+	TraceSampling float64
+	// SpanExporter receives spans besides OTLP, synchronously as each
+	// ends; tests use an in-memory one.
+	SpanExporter sdktrace.SpanExporter
+	// Version is reported as service.version.
+	Version string
+}
+
+// Telemetry owns the meter and tracer providers of a process. It is safe
+// for concurrent use.
+type Telemetry struct {
+	registry   *prometheus.Registry
+	meters     *sdkmetric.MeterProvider
+	tracers    *sdktrace.TracerProvider // nil when no trace is exported
+	tracer     trace.Tracer
+	propagator propagation.TextMapPropagator
+	meter      metric.Meter
+	inst       instruments
+}
+
+// New builds the providers and instruments. It starts no goroutine of its
+// own beyond those of the OTLP exporters, which Shutdown stops.
+func New(ctx context.Context, opts Options) (*Telemetry, error) {
+	if opts.TraceSampling < 0 || opts.TraceSampling > 1 {
+		return nil, fmt.Errorf("trace sampling %v: want a fraction from 0 to 1", opts.TraceSampling)
+	}
+	res, err := resource.Merge(resource.Default(), resource.NewWithAttributes(semconv.SchemaURL,
+		semconv.ServiceName("sluice"), semconv.ServiceVersion(opts.Version)))
+	if err != nil {
+		return nil, fmt.Errorf("telemetry resource: %w", err)
+	}
+	t := &Telemetry{
+		registry: prometheus.NewRegistry(),
+		// Envoy propagates W3C trace context or B3, depending on its
+		// tracer; read both, write W3C.
+		propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, b3.New(b3.WithInjectEncoding(b3.B3MultipleHeader))),
+	}
+	exporter, err := otelprom.New(otelprom.WithRegisterer(t.registry), otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
+	if err != nil {
+		return nil, fmt.Errorf("prometheus exporter: %w", err)
+	}
+	mopts := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithReader(exporter)}
+	var spanOpts []sdktrace.TracerProviderOption
+	if opts.SpanExporter != nil {
+		spanOpts = append(spanOpts, sdktrace.WithSyncer(opts.SpanExporter))
+	}
+	if opts.OTLPEndpoint != "" {
+		mexp, err := otlpmetricgrpc.New(ctx, otlpMetricOptions(opts)...)
+		if err != nil {
+			return nil, fmt.Errorf("OTLP metric exporter for %s: %w", opts.OTLPEndpoint, err)
+		}
+		mopts = append(mopts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(mexp)))
+		texp, err := otlptracegrpc.New(ctx, otlpTraceOptions(opts)...)
+		if err != nil {
+			return nil, fmt.Errorf("OTLP trace exporter for %s: %w", opts.OTLPEndpoint, err)
+		}
+		spanOpts = append(spanOpts, sdktrace.WithBatcher(texp))
+	}
+	t.meters = sdkmetric.NewMeterProvider(mopts...)
+	t.meter = t.meters.Meter("github.com/sluice-rl/sluice")
+	if len(spanOpts) > 0 {
+		t.tracers = sdktrace.NewTracerProvider(append(spanOpts, sdktrace.WithResource(res),
+			sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(opts.TraceSampling))))...)
+		t.tracer = t.tracers.Tracer("github.com/sluice-rl/sluice")
+	} else {
+		t.tracer = tracenoop.NewTracerProvider().Tracer("")
+	}
+	if t.inst, err = newInstruments(t.meter); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func otlpMetricOptions(o Options) []otlpmetricgrpc.Option {
+	opts := []otlpmetricgrpc.Option{otlpmetricgrpc.WithEndpoint(o.OTLPEndpoint)}
+	if o.OTLPInsecure {
+		opts = append(opts, otlpmetricgrpc.WithInsecure())
+	}
+	return opts
+}
+
+func otlpTraceOptions(o Options) []otlptracegrpc.Option {
+	opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(o.OTLPEndpoint)}
+	if o.OTLPInsecure {
+		opts = append(opts, otlptracegrpc.WithInsecure())
+	}
+	return opts
+}
+
+// MetricsHandler serves the metrics in the Prometheus text format.
+func (t *Telemetry) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(t.registry, promhttp.HandlerOpts{})
+}
+
+// GRPCServerHandler starts a span for every call, continuing the trace
+// Envoy propagates in the call's metadata (W3C trace context or B3).
+func (t *Telemetry) GRPCServerHandler() stats.Handler {
+	tp := trace.TracerProvider(tracenoop.NewTracerProvider())
+	if t.tracers != nil {
+		tp = t.tracers
+	}
+	return otelgrpc.NewServerHandler(
+		otelgrpc.WithTracerProvider(tp),
+		otelgrpc.WithPropagators(t.propagator),
+		// Sluice's own metrics cover the calls; otelgrpc's would be a
+		// second, undocumented set.
+		otelgrpc.WithMeterProvider(metricnoop.NewMeterProvider()),
+	)
+}
+
+// Shutdown flushes and stops the exporters, within ctx.
+func (t *Telemetry) Shutdown(ctx context.Context) error {
+	var errs []error
+	if t.tracers != nil {
+		errs = append(errs, t.tracers.Shutdown(ctx))
+	}
+	errs = append(errs, t.meters.Shutdown(ctx))
+	return errors.Join(errs...)
+}
