@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
+	"github.com/sluice-rl/sluice/certs"
 	"github.com/sluice-rl/sluice/descriptors"
 )
 
@@ -59,5 +60,28 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		o.ObserveInt64(size, int64(b.ConfigCacheLen()))
 		return nil
 	}, rcu, wcu, retries, hits, misses, size)
+	return err
+}
+
+// ObserveTLS reports the serving certificate when metrics are read: when
+// it expires, and its reloads.
+func (t *Telemetry) ObserveTLS(stats func() certs.Stats) error {
+	expiry, err := t.meter.Int64ObservableGauge("sluice.tls.certificate.expiry", metric.WithUnit("s"),
+		metric.WithDescription("When the serving certificate expires, in Unix seconds."))
+	if err != nil {
+		return err
+	}
+	reloads, err := t.meter.Int64ObservableCounter("sluice.tls.reloads", metric.WithUnit("{reload}"),
+		metric.WithDescription("Loads of the TLS files, by result (ok, failed); the first load counts."))
+	if err != nil {
+		return err
+	}
+	_, err = t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := stats()
+		o.ObserveInt64(expiry, s.NotAfter.Unix())
+		o.ObserveInt64(reloads, int64(s.OK), metric.WithAttributes(attribute.String("result", "ok")))
+		o.ObserveInt64(reloads, int64(s.Failed), metric.WithAttributes(attribute.String("result", "failed")))
+		return nil
+	}, expiry, reloads)
 	return err
 }

@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -12,6 +16,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -22,6 +27,9 @@ type checkOptions struct {
 	descriptors []string
 	hits        uint32
 	timeout     time.Duration
+	// TLS: the CA that signed Sluice's certificate, and the client
+	// identity for mutual TLS.
+	tlsCA, tlsCert, tlsKey string
 }
 
 func newCheckCommand() *cobra.Command {
@@ -42,9 +50,13 @@ A check that consumes (--hits 1, the default) counts like real traffic.`,
 			if err != nil {
 				return usageError{err}
 			}
+			creds, err := o.transport()
+			if err != nil {
+				return err
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
 			defer cancel()
-			resp, err := callShouldRateLimit(ctx, o.addr, req)
+			resp, err := callShouldRateLimit(ctx, o.addr, creds, req)
 			if err != nil {
 				return err
 			}
@@ -58,7 +70,40 @@ A check that consumes (--hits 1, the default) counts like real traffic.`,
 	f.StringArrayVar(&o.descriptors, "descriptor", nil, "a descriptor as key=value[,key=value...]; repeat for several")
 	f.Uint32Var(&o.hits, "hits", 1, "hits_addend of the request; 0 asks without consuming")
 	f.DurationVar(&o.timeout, "timeout", 2*time.Second, "deadline of the call")
+	f.StringVar(&o.tlsCA, "tls-ca", "", "connect with TLS, trusting this CA bundle (PEM)")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "client certificate (PEM) for mutual TLS; needs --tls-ca")
+	f.StringVar(&o.tlsKey, "tls-key", "", "key of --tls-cert (PEM)")
 	return cmd
+}
+
+// transport is plaintext, or TLS when --tls-ca is given.
+func (o checkOptions) transport() (credentials.TransportCredentials, error) {
+	if o.tlsCA == "" {
+		if o.tlsCert != "" || o.tlsKey != "" {
+			return nil, usageError{errors.New("--tls-cert and --tls-key need --tls-ca")}
+		}
+		return insecure.NewCredentials(), nil
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return nil, usageError{errors.New("--tls-cert and --tls-key go together")}
+	}
+	pemData, err := os.ReadFile(o.tlsCA)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pemData) {
+		return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", o.tlsCA)
+	}
+	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if o.tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return credentials.NewTLS(cfg), nil
 }
 
 func (o checkOptions) request() (*rlsv3.RateLimitRequest, error) {
@@ -87,8 +132,8 @@ func (o checkOptions) request() (*rlsv3.RateLimitRequest, error) {
 	return req, nil
 }
 
-func callShouldRateLimit(ctx context.Context, addr string, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func callShouldRateLimit(ctx context.Context, addr string, creds credentials.TransportCredentials, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", addr, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -22,6 +23,7 @@ import (
 	"github.com/sluice-rl/sluice/backend"
 	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/memory"
+	"github.com/sluice-rl/sluice/certs"
 	"github.com/sluice-rl/sluice/descriptors"
 	"github.com/sluice-rl/sluice/ratelimit"
 	"github.com/sluice-rl/sluice/telemetry"
@@ -48,6 +50,7 @@ type serveOptions struct {
 	otlpEndpoint                  string
 	otlpInsecure                  bool
 	traceSampling                 float64
+	tlsCert, tlsKey, tlsClientCA  string
 	// spanExporter receives spans too (tests); it is no flag.
 	spanExporter sdktrace.SpanExporter
 }
@@ -102,6 +105,9 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 	f.StringVar(&o.otlpEndpoint, "otlp-endpoint", "", "host:port of an OTLP/gRPC collector for traces and metrics; empty: none (metrics stay on /metrics)")
 	f.BoolVar(&o.otlpInsecure, "otlp-insecure", false, "send OTLP without TLS (a collector on localhost or in the pod)")
 	f.Float64Var(&o.traceSampling, "trace-sampling", 0.01, "fraction of calls traced when Envoy sends no sampling decision (0 to 1)")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "serve gRPC over TLS with this certificate (PEM, intermediates after it); reloaded when the file changes")
+	f.StringVar(&o.tlsKey, "tls-key", "", "the key of --tls-cert (PEM)")
+	f.StringVar(&o.tlsClientCA, "tls-client-ca", "", "require client certificates signed by this CA bundle (mutual TLS); reloaded when the file changes")
 	return cmd
 }
 
@@ -114,6 +120,7 @@ type server struct {
 	grpcLn, httpLn, debugLn net.Listener
 	rules                   *descriptors.Watcher
 	backend                 servedBackend
+	certs                   *certs.Reloader // nil without TLS
 	telemetry               *telemetry.Telemetry
 	// answered latches once the backend has answered a readiness probe:
 	// a later backend outage is the failure policy's to handle, not a
@@ -182,12 +189,19 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 			return nil, err
 		}
 	}
+	grpcOpts := []grpc.ServerOption{grpc.StatsHandler(tel.GRPCServerHandler()), grpc.ChainUnaryInterceptor(ratelimit.RecoverPanics(log))}
+	if creds, err := s.serveTLS(watchCtx, o); err != nil {
+		s.close()
+		return nil, err
+	} else if creds != nil {
+		grpcOpts = append(grpcOpts, grpc.Creds(creds))
+	}
 	if err := s.listen(o); err != nil {
 		s.close()
 		return nil, err
 	}
 
-	s.grpc = grpc.NewServer(grpc.StatsHandler(tel.GRPCServerHandler()), grpc.ChainUnaryInterceptor(ratelimit.RecoverPanics(log)))
+	s.grpc = grpc.NewServer(grpcOpts...)
 	ratelimit.Register(s.grpc, s.service)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -256,6 +270,27 @@ func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry) 
 			ConfigCacheTTL: o.configCacheTTL, OnBucketWrite: tel.BucketWritten})
 	}
 	return nil, usageError{fmt.Errorf("--backend %q: want memory or dynamodb", o.backend)}
+}
+
+// serveTLS loads the TLS files, if any, and keeps them reloaded until
+// ctx ends; nil credentials mean plaintext.
+func (s *server) serveTLS(ctx context.Context, o serveOptions) (credentials.TransportCredentials, error) {
+	switch {
+	case o.tlsCert == "" && o.tlsKey == "" && o.tlsClientCA == "":
+		return nil, nil
+	case o.tlsCert == "" || o.tlsKey == "":
+		return nil, usageError{errors.New("--tls-cert and --tls-key go together (and --tls-client-ca needs both)")}
+	}
+	r, err := certs.New(certs.Files{Cert: o.tlsCert, Key: o.tlsKey, ClientCA: o.tlsClientCA}, s.log)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.telemetry.ObserveTLS(r.Stats); err != nil {
+		return nil, err
+	}
+	s.certs = r
+	go r.Watch(ctx, 0)
+	return credentials.NewTLS(r.TLSConfig()), nil
 }
 
 func (s *server) listen(o serveOptions) error {

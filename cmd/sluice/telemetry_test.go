@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -20,6 +22,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/sluice-rl/sluice/certs/certstest"
 )
 
 // scrape reads /metrics into "name{label=value,...}" -> value, labels
@@ -171,7 +175,8 @@ func checkMetricsDocumented(t *testing.T, scraped map[string]float64, dynamo boo
 		}
 	}
 	for name, row := range documented {
-		optional := strings.Contains(row, "appears with the first") || (strings.Contains(row, "DynamoDB backend only") && !dynamo)
+		optional := strings.Contains(row, "appears with the first") || strings.Contains(row, "with `--tls-cert` only") ||
+			(strings.Contains(row, "DynamoDB backend only") && !dynamo)
 		if !served[name] && !optional {
 			t.Errorf("README documents %s, which is not served", name)
 		}
@@ -273,5 +278,59 @@ func TestTraces(t *testing.T) {
 	c.ShouldRateLimit(ctx, req)
 	if n := len(spans.GetSpans()); n != 0 {
 		t.Errorf("%d spans for unsampled calls", n)
+	}
+}
+
+// gRPC over mutual TLS: `sluice check` with a client certificate from the
+// CA gets an answer; without one, or in plaintext, it does not. The
+// certificate's expiry is a metric.
+func TestServeMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesMetrics), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pki := t.TempDir()
+	ca := certstest.NewCA(t, "sluice-ca")
+	caFile := filepath.Join(pki, "ca.pem")
+	certstest.WriteFile(t, caFile, ca.PEM)
+	serverCert, serverKey := ca.Issue(t, "server", true).Write(t, pki)
+	clientCert, clientKey := ca.Issue(t, "envoy", false).Write(t, pki)
+	strangerCert, strangerKey := certstest.NewCA(t, "other-ca").Issue(t, "stranger", false).Write(t, pki)
+
+	o := testOptions(dir)
+	o.tlsCert, o.tlsKey, o.tlsClientCA = serverCert, serverKey, caFile
+	s, _, _ := startTestServer(t, o)
+	check := []string{"check", "--addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.0.0.1", "--timeout", "5s"}
+
+	if out, code := sluice(t, append(check, "--tls-ca", caFile, "--tls-cert", clientCert, "--tls-key", clientKey)...); code != 0 || !strings.HasPrefix(out, "OK") {
+		t.Fatalf("with a client certificate: exit %d\n%s", code, out)
+	}
+	for what, extra := range map[string][]string{
+		"no client certificate":       {"--tls-ca", caFile},
+		"a certificate of another CA": {"--tls-ca", caFile, "--tls-cert", strangerCert, "--tls-key", strangerKey},
+		"plaintext":                   {"--timeout", "1s"},
+	} {
+		if out, code := sluice(t, append(check, extra...)...); code != 1 {
+			t.Errorf("%s: exit %d, want 1\n%s", what, code, out)
+		}
+	}
+	if out, code := sluice(t, append(check, "--tls-cert", clientCert)...); code != 2 {
+		t.Errorf("--tls-cert without --tls-ca: exit %d\n%s", code, out)
+	}
+
+	got, _ := scrape(t, s)
+	if exp := got["sluice_tls_certificate_expiry_seconds{}"]; exp < float64(time.Now().Add(11*time.Hour).Unix()) {
+		t.Errorf("certificate expiry metric %v", exp)
+	}
+	if got["sluice_tls_reloads_total{result=ok}"] != 1 {
+		t.Errorf("tls reloads %v", got["sluice_tls_reloads_total{result=ok}"])
+	}
+	checkMetricsDocumented(t, got, false)
+
+	// Flags that do not go together stop serve before it serves.
+	o = testOptions(dir)
+	o.tlsCert = serverCert
+	if _, err := startServer(context.Background(), o, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "--tls-key") {
+		t.Errorf("--tls-cert alone: %v", err)
 	}
 }
