@@ -51,8 +51,10 @@ type serveOptions struct {
 	otlpInsecure                  bool
 	traceSampling                 float64
 	tlsCert, tlsKey, tlsClientCA  string
-	// spanExporter receives spans too (tests); it is no flag.
+	// spanExporter receives spans too, and decorate wraps the backend the
+	// service calls; tests set them, they are no flags.
 	spanExporter sdktrace.SpanExporter
+	decorate     func(backend.Backend) backend.Backend
 }
 
 func newServeCommand() *cobra.Command {
@@ -171,7 +173,11 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 		errc:            make(chan error, 3),
 		stopWatch:       stopWatch,
 	}
-	s.service = ratelimit.New(rules, tel.Backend(o.backend, s.backend), ratelimit.Options{
+	var decider backend.Backend = s.backend
+	if o.decorate != nil {
+		decider = o.decorate(decider)
+	}
+	s.service = ratelimit.New(rules, tel.Backend(o.backend, decider), ratelimit.Options{
 		ShadowMode:      o.shadowMode,
 		OnBackendError:  policy,
 		ResponseHeaders: o.responseHeaders,

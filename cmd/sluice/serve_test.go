@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -16,11 +17,16 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 
+	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
 )
 
@@ -343,5 +349,74 @@ func TestServeOnDynamoDB(t *testing.T) {
 	view := describe(s.rules, s.service, s.backend)
 	if view.DynamoDB == nil || view.DynamoDB.Calls["UpdateItem"] == 0 || view.DynamoDB.WriteUnits <= 0 || view.DynamoDB.CacheMisses == 0 {
 		t.Fatalf("dynamodb costs not shown: %+v", view.DynamoDB)
+	}
+}
+
+// slowBackend holds every decision for delay, then asks the real one.
+type slowBackend struct {
+	backend.Backend
+	delay   time.Duration
+	started chan struct{}
+}
+
+func (b slowBackend) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
+	b.started <- struct{}{}
+	time.Sleep(b.delay)
+	return b.Backend.Decide(ctx, req)
+}
+
+// SIGTERM with calls in flight: readiness goes 503 at once, new calls are
+// refused, and every call already in flight gets its answer.
+func TestShutdownDrainsInFlightCalls(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesV2), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const inFlight = 20
+	started := make(chan struct{}, inFlight)
+	o := testOptions(dir)
+	o.decorate = func(be backend.Backend) backend.Backend {
+		return slowBackend{Backend: be, delay: 500 * time.Millisecond, started: started}
+	}
+	s, stop, _ := startTestServer(t, o)
+	conn, err := grpc.NewClient(s.grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	req := func(i int) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{
+			{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: fmt.Sprintf("10.0.0.%d", i)}}}}}
+	}
+	results := make(chan error, inFlight)
+	for i := range inFlight {
+		go func() {
+			resp, err := c.ShouldRateLimit(context.Background(), req(i))
+			if err == nil && resp.OverallCode != rlsv3.RateLimitResponse_OK {
+				err = fmt.Errorf("code %v", resp.OverallCode)
+			}
+			results <- err
+		}()
+	}
+	for range inFlight {
+		<-started // every call is inside the backend now
+	}
+	stop() // as SIGTERM does
+	readyURL := "http://" + s.httpLn.Addr().String() + "/readyz"
+	deadline := time.Now().Add(2 * time.Second)
+	for !s.shuttingDown.Load() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if code, _ := get(t, readyURL); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz during the drain: %d, want 503", code)
+	}
+	if _, err := c.ShouldRateLimit(context.Background(), req(99)); status.Code(err) != codes.Unavailable {
+		t.Errorf("a new call during the drain: %v, want UNAVAILABLE", err)
+	}
+	for range inFlight {
+		if err := <-results; err != nil {
+			t.Errorf("an in-flight call was dropped: %v", err)
+		}
 	}
 }
