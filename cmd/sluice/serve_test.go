@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
+	"github.com/sluice-rl/sluice/descriptors"
 )
 
 const rulesV1 = `domain: edge
@@ -418,5 +420,50 @@ func TestShutdownDrainsInFlightCalls(t *testing.T) {
 		if err := <-results; err != nil {
 			t.Errorf("an in-flight call was dropped: %v", err)
 		}
+	}
+}
+
+// pinger is a backend whose Ping answers from a list, then the last
+// answer forever.
+type pinger struct {
+	backend.Backend
+	answers []error
+	calls   *int
+}
+
+func (p pinger) Ping(context.Context) error {
+	i := min(*p.calls, len(p.answers)-1)
+	*p.calls++
+	return p.answers[i]
+}
+
+func (pinger) Close() error { return nil }
+
+// Readiness waits for the backend's first answer, then stays: a later
+// outage is the failure policy's business, not a reason to leave Envoy's
+// endpoints. Shutdown ends it.
+func TestReadinessLatchesOnTheFirstAnswer(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rules, err := descriptors.Watch(t.Context(), dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	down := errors.New("connection refused")
+	s := &server{rules: rules, backend: pinger{answers: []error{down, down, nil, down}, calls: &calls}}
+	for i, want := range []bool{false, false, true, true, true} {
+		if err := s.ready(t.Context()); (err == nil) != want {
+			t.Fatalf("probe %d: %v, want ready=%v", i+1, err, want)
+		}
+	}
+	if calls != 3 {
+		t.Errorf("backend pinged %d times, want 3 (until it first answered)", calls)
+	}
+	s.shuttingDown.Store(true)
+	if err := s.ready(t.Context()); err == nil {
+		t.Error("ready while shutting down")
 	}
 }
