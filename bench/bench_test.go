@@ -8,6 +8,7 @@ import (
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/memory"
@@ -22,20 +23,20 @@ const benchConcurrency = 64
 // newMemory returns the Sluice service the benchmarks measure: RulesYAML
 // on a memory backend with the TTL rules `sluice serve` applies by
 // default, released when tb ends.
-func newMemory(tb testing.TB) rlsv3.RateLimitServiceServer {
+func newMemory(tb testing.TB) (rlsv3.RateLimitServiceServer, []grpc.ServerOption) {
 	tb.Helper()
-	svc, closeBackend, err := NewMemoryService(RulesYAML, memory.Options{TTLMultiplier: backend.DefaultTTLMultiplier})
+	svc, opts, release, err := NewMemoryService(RulesYAML, memory.Options{TTLMultiplier: backend.DefaultTTLMultiplier})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(closeBackend)
-	return svc
+	tb.Cleanup(release)
+	return svc, opts
 }
 
 // serve starts svc on loopback for the length of tb.
-func serve(tb testing.TB, svc rlsv3.RateLimitServiceServer) string {
+func serve(tb testing.TB, svc rlsv3.RateLimitServiceServer, opts ...grpc.ServerOption) string {
 	tb.Helper()
-	addr, stop, err := Serve(svc)
+	addr, stop, err := Serve(svc, opts...)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -54,11 +55,14 @@ func serve(tb testing.TB, svc rlsv3.RateLimitServiceServer) string {
 // counts client and server together, as both run in this process.
 func BenchmarkShouldRateLimit(b *testing.B) {
 	b.Run("noop", func(b *testing.B) { benchGRPC(b, NoopServer{}) })
-	b.Run("memory", func(b *testing.B) { benchGRPC(b, newMemory(b)) })
+	b.Run("memory", func(b *testing.B) {
+		svc, opts := newMemory(b)
+		benchGRPC(b, svc, opts...)
+	})
 }
 
-func benchGRPC(b *testing.B, svc rlsv3.RateLimitServiceServer) {
-	addr := serve(b, svc)
+func benchGRPC(b *testing.B, svc rlsv3.RateLimitServiceServer, opts ...grpc.ServerOption) {
+	addr := serve(b, svc, opts...)
 	clients, closeConns, err := dial(addr, DefaultConns)
 	if err != nil {
 		b.Fatal(err)
@@ -99,7 +103,7 @@ func benchGRPC(b *testing.B, svc rlsv3.RateLimitServiceServer) {
 // allocs/op is Sluice's own per call: validation, match, backend decision
 // and the response it builds.
 func BenchmarkServiceDecide(b *testing.B) {
-	svc := newMemory(b)
+	svc, _ := newMemory(b)
 	reqs, err := SingleKey().build()
 	if err != nil {
 		b.Fatal(err)
@@ -122,7 +126,8 @@ func BenchmarkServiceDecide(b *testing.B) {
 // against the memory server sends calls, gets no errors, and sees every
 // call answered OK under RulesYAML's huge limit.
 func TestRunMemory(t *testing.T) {
-	addr := serve(t, newMemory(t))
+	svc, opts := newMemory(t)
+	addr := serve(t, svc, opts...)
 	for _, w := range []Workload{
 		SingleKey(),
 		{Domain: Domain, Entries: []Entry{{Key, "u"}}, Dist: Uniform, Keys: 100},

@@ -22,6 +22,7 @@ import (
 	"github.com/sluice-rl/sluice/backend/memory"
 	"github.com/sluice-rl/sluice/descriptors"
 	"github.com/sluice-rl/sluice/ratelimit"
+	"github.com/sluice-rl/sluice/telemetry"
 )
 
 // Domain and Key name the domain and descriptor key of RulesYAML.
@@ -87,15 +88,26 @@ type staticRules struct{ cfg *descriptors.Config }
 
 func (r staticRules) Current() *descriptors.Config { return r.cfg }
 
-// NewMemoryService returns a Sluice service deciding the rules of
-// rulesYAML (one file's content) on a fresh memory backend made with
-// opts, and a func that releases the backend.
-func NewMemoryService(rulesYAML string, opts memory.Options) (*ratelimit.Service, func(), error) {
+// NewMemoryService returns a Sluice service as `sluice serve` builds it
+// on the memory backend: rulesYAML (one file's content), a fresh backend
+// made with opts, and telemetry as serve has it by default (metrics on,
+// no traces, as without --otlp-endpoint), with the gRPC server options serve
+// adds. release frees the backend and the telemetry.
+func NewMemoryService(rulesYAML string, opts memory.Options) (svc *ratelimit.Service, serverOpts []grpc.ServerOption, release func(), err error) {
 	cfg, err := descriptors.Parse(map[string][]byte{"bench.yaml": []byte(rulesYAML)})
 	if err != nil {
-		return nil, nil, fmt.Errorf("parse benchmark rules: %w", err)
+		return nil, nil, nil, fmt.Errorf("parse benchmark rules: %w", err)
 	}
+	tel, err := telemetry.New(context.Background(), telemetry.Options{TraceSampling: 0.01})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	opts.OnBucketWrite = tel.BucketWritten
 	be := memory.New(opts)
-	svc := ratelimit.New(staticRules{cfg}, be, ratelimit.Options{})
-	return svc, func() { _ = be.Close() }, nil
+	svc = ratelimit.New(staticRules{cfg}, tel.Backend("memory", be), ratelimit.Options{Observer: tel})
+	release = func() {
+		_ = be.Close()
+		_ = tel.Shutdown(context.Background())
+	}
+	return svc, tel.GRPCServerOptions(), release, nil
 }

@@ -26,12 +26,12 @@ func (t *Telemetry) Decided(ctx context.Context, d ratelimit.Decided) {
 	if !d.KnownDomain {
 		domain = unknownDomain
 	}
-	attrs := metric.WithAttributes(attribute.String("domain", domain), attribute.String("rule", rule),
-		attribute.String("code", d.Outcome.String()))
-	t.inst.decisions.Add(ctx, 1, attrs)
+	code := d.Outcome.String()
+	t.inst.decisions.Add(ctx, 1, t.set(attrKey{"decisions", domain, rule, code, ""}, "domain", "rule", "code").add...)
 	if d.Rule != nil && d.Rule.DetailedMetric {
+		// Not cached: entities are unbounded, and the rule opted in.
 		t.inst.detailedDecisions.Add(ctx, 1, metric.WithAttributes(attribute.String("domain", d.Domain),
-			attribute.String("rule", rule), attribute.String("entity", d.Entity), attribute.String("code", d.Outcome.String())))
+			attribute.String("rule", rule), attribute.String("entity", d.Entity), attribute.String("code", code)))
 	}
 }
 
@@ -42,8 +42,7 @@ func (t *Telemetry) Answered(ctx context.Context, a ratelimit.Answered) {
 	if !a.KnownDomain {
 		domain = unknownDomain
 	}
-	t.inst.requestDuration.Record(ctx, a.Duration.Seconds(), metric.WithAttributes(
-		attribute.String("domain", domain), attribute.String("grpc_code", a.Code.String())))
+	t.inst.requestDuration.Record(ctx, a.Duration.Seconds(), t.set(attrKey{"requests", domain, a.Code.String(), "", ""}, "domain", "grpc_code").rec...)
 	span := trace.SpanFromContext(ctx)
 	if !span.IsRecording() {
 		return
@@ -57,7 +56,7 @@ func (t *Telemetry) Answered(ctx context.Context, a ratelimit.Answered) {
 
 // FailurePolicyApplied implements ratelimit.Observer.
 func (t *Telemetry) FailurePolicyApplied(ctx context.Context, domain string, policy ratelimit.FailurePolicy, err error) {
-	t.inst.failurePolicy.Add(ctx, 1, metric.WithAttributes(attribute.String("domain", domain), attribute.String("policy", policy.String())))
+	t.inst.failurePolicy.Add(ctx, 1, t.set(attrKey{"policy", domain, policy.String(), "", ""}, "domain", "policy").add...)
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.AddEvent("failure policy applied", trace.WithAttributes(attribute.String("policy", policy.String())))
 		span.SetStatus(codes.Error, "backend failed")
@@ -69,9 +68,9 @@ func (t *Telemetry) FailurePolicyApplied(ctx context.Context, domain string, pol
 func (t *Telemetry) BucketWritten(ttl time.Duration) {
 	ctx := context.Background()
 	if ttl <= 0 {
-		t.inst.bucketWrites.Add(ctx, 1, metric.WithAttributes(attribute.String("ttl", "none")))
+		t.inst.bucketWrites.Add(ctx, 1, t.set(attrKey{inst: "writes", a: "none"}, "ttl").add...)
 		return
 	}
-	t.inst.bucketWrites.Add(ctx, 1, metric.WithAttributes(attribute.String("ttl", "set")))
+	t.inst.bucketWrites.Add(ctx, 1, t.set(attrKey{inst: "writes", a: "set"}, "ttl").add...)
 	t.inst.bucketTTL.Record(ctx, ttl.Seconds())
 }

@@ -20,11 +20,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/propagators/b3"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
@@ -37,7 +39,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
-	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc"
 )
 
 // Options configure a Telemetry. The zero value serves Prometheus metrics
@@ -70,6 +72,49 @@ type Telemetry struct {
 	propagator propagation.TextMapPropagator
 	meter      metric.Meter
 	inst       instruments
+	// attrs caches the attribute sets of measurements by their label
+	// values: building a set sorts and allocates, and on the request path
+	// the same few sets recur (their number is bounded by the rules).
+	attrsMu sync.RWMutex
+	attrs   map[attrKey]attrOpts
+}
+
+// attrOpts carries one attribute set as the option slices instruments
+// take: passing a cached slice with ... costs no allocation, where a
+// single option would be boxed into a new slice on every call.
+type attrOpts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+// attrKey is up to four label values of one instrument's measurement.
+type attrKey struct {
+	inst       string
+	a, b, c, d string
+}
+
+// set returns the measurement option for the label pairs names/values,
+// building it once per distinct key.
+func (t *Telemetry) set(k attrKey, names ...string) attrOpts {
+	// A typed map, not a sync.Map: boxing the key for sync.Map would
+	// allocate on every call.
+	t.attrsMu.RLock()
+	o, ok := t.attrs[k]
+	t.attrsMu.RUnlock()
+	if ok {
+		return o
+	}
+	values := [...]string{k.a, k.b, k.c, k.d}
+	kvs := make([]attribute.KeyValue, len(names))
+	for i, n := range names {
+		kvs[i] = attribute.String(n, values[i])
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(kvs...))
+	o = attrOpts{add: []metric.AddOption{opt}, rec: []metric.RecordOption{opt}}
+	t.attrsMu.Lock()
+	t.attrs[k] = o
+	t.attrsMu.Unlock()
+	return o
 }
 
 // New builds the providers and instruments. It starts no goroutine of its
@@ -85,6 +130,7 @@ func New(ctx context.Context, opts Options) (*Telemetry, error) {
 	}
 	t := &Telemetry{
 		registry: prometheus.NewRegistry(),
+		attrs:    map[attrKey]attrOpts{},
 		// Envoy propagates W3C trace context or B3, depending on its
 		// tracer; read both, write W3C.
 		propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, b3.New(b3.WithInjectEncoding(b3.B3MultipleHeader))),
@@ -146,20 +192,21 @@ func (t *Telemetry) MetricsHandler() http.Handler {
 	return promhttp.HandlerFor(t.registry, promhttp.HandlerOpts{})
 }
 
-// GRPCServerHandler starts a span for every call, continuing the trace
-// Envoy propagates in the call's metadata (W3C trace context or B3).
-func (t *Telemetry) GRPCServerHandler() stats.Handler {
-	tp := trace.TracerProvider(tracenoop.NewTracerProvider())
-	if t.tracers != nil {
-		tp = t.tracers
+// GRPCServerOptions are what a gRPC server needs for traces: a handler
+// that starts a span for every call, continuing the trace Envoy
+// propagates in the call's metadata (W3C trace context or B3). Without a
+// trace exporter there are none, and calls pay nothing for tracing.
+func (t *Telemetry) GRPCServerOptions() []grpc.ServerOption {
+	if t.tracers == nil {
+		return nil
 	}
-	return otelgrpc.NewServerHandler(
-		otelgrpc.WithTracerProvider(tp),
+	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(
+		otelgrpc.WithTracerProvider(t.tracers),
 		otelgrpc.WithPropagators(t.propagator),
 		// Sluice's own metrics cover the calls; otelgrpc's would be a
 		// second, undocumented set.
 		otelgrpc.WithMeterProvider(metricnoop.NewMeterProvider()),
-	)
+	))}
 }
 
 // Shutdown flushes and stops the exporters, within ctx.

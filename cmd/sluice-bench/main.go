@@ -231,14 +231,14 @@ func (o options) compare(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	defer stopNoop()
-	// The TTL rules `sluice serve` applies by default, so that the memory
-	// side does the work it does in production.
-	svc, closeBackend, err := bench.NewMemoryService(bench.RulesYAML, memory.Options{TTLMultiplier: backend.DefaultTTLMultiplier})
+	// The TTL rules and telemetry `sluice serve` has by default, so that
+	// the memory side does the work it does in production.
+	svc, serverOpts, release, err := bench.NewMemoryService(bench.RulesYAML, memory.Options{TTLMultiplier: backend.DefaultTTLMultiplier})
 	if err != nil {
 		return err
 	}
-	defer closeBackend()
-	memAddr, stopMem, err := bench.Serve(svc)
+	defer release()
+	memAddr, stopMem, err := bench.Serve(svc, serverOpts...)
 	if err != nil {
 		return err
 	}

@@ -195,7 +195,7 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 			return nil, err
 		}
 	}
-	grpcOpts := []grpc.ServerOption{grpc.StatsHandler(tel.GRPCServerHandler()), grpc.ChainUnaryInterceptor(ratelimit.RecoverPanics(log))}
+	grpcOpts := append(tel.GRPCServerOptions(), grpc.ChainUnaryInterceptor(ratelimit.RecoverPanics(log)))
 	if creds, err := s.serveTLS(watchCtx, o); err != nil {
 		s.close()
 		return nil, err
