@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +21,8 @@ import (
 	"github.com/prometheus/common/model"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	collectormetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -332,5 +336,87 @@ func TestServeMutualTLS(t *testing.T) {
 	o.tlsCert = serverCert
 	if _, err := startServer(context.Background(), o, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "--tls-key") {
 		t.Errorf("--tls-cert alone: %v", err)
+	}
+}
+
+// collector is an OTLP/gRPC receiver of traces and metrics that keeps the
+// names it is sent.
+type collector struct {
+	collectortrace.UnimplementedTraceServiceServer
+	mu      sync.Mutex
+	spans   []string
+	metrics []string
+}
+
+func (c *collector) Export(_ context.Context, req *collectortrace.ExportTraceServiceRequest) (*collectortrace.ExportTraceServiceResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, rs := range req.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			for _, sp := range ss.GetSpans() {
+				c.spans = append(c.spans, sp.GetName())
+			}
+		}
+	}
+	return &collectortrace.ExportTraceServiceResponse{}, nil
+}
+
+type metricsReceiver struct {
+	collectormetrics.UnimplementedMetricsServiceServer
+	c *collector
+}
+
+func (m metricsReceiver) Export(_ context.Context, req *collectormetrics.ExportMetricsServiceRequest) (*collectormetrics.ExportMetricsServiceResponse, error) {
+	m.c.mu.Lock()
+	defer m.c.mu.Unlock()
+	for _, rm := range req.GetResourceMetrics() {
+		for _, sm := range rm.GetScopeMetrics() {
+			for _, mt := range sm.GetMetrics() {
+				m.c.metrics = append(m.c.metrics, mt.GetName())
+			}
+		}
+	}
+	return &collectormetrics.ExportMetricsServiceResponse{}, nil
+}
+
+// With --otlp-endpoint, traces and metrics reach an OTLP collector; on
+// shutdown what is pending is flushed.
+func TestOTLPExport(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := &collector{}
+	srv := grpc.NewServer()
+	collectortrace.RegisterTraceServiceServer(srv, col)
+	collectormetrics.RegisterMetricsServiceServer(srv, metricsReceiver{c: col})
+	go srv.Serve(ln)
+	defer srv.Stop()
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesMetrics), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o := testOptions(dir)
+	o.otlpEndpoint, o.otlpInsecure, o.traceSampling = ln.Addr().String(), true, 1
+	s, stop, _ := startTestServer(t, o)
+	check := []string{"check", "--addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.0.0.1"}
+	if out, code := sluice(t, check...); code != 0 {
+		t.Fatalf("check: exit %d\n%s", code, out)
+	}
+	stop() // shutdown flushes the exporters
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		col.mu.Lock()
+		spans, metrics := strings.Join(col.spans, " "), strings.Join(col.metrics, " ")
+		col.mu.Unlock()
+		if strings.Contains(spans, "memory.decide") && strings.Contains(spans, "ShouldRateLimit") &&
+			strings.Contains(metrics, "sluice.decisions") && strings.Contains(metrics, "sluice.request.duration") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("collector got spans %q and metrics %q", spans, metrics)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
