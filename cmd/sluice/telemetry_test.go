@@ -263,7 +263,7 @@ func TestTraces(t *testing.T) {
 		}
 		attrs := map[string]string{}
 		for _, a := range call.Attributes {
-			attrs[string(a.Key)] = a.Value.Emit()
+			attrs[string(a.Key)] = a.Value.String()
 		}
 		if attrs["sluice.domain"] != "edge" || attrs["sluice.outcome"] != "OK" {
 			t.Errorf("%s: call span attributes %v", tc.name, attrs)
