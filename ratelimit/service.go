@@ -109,8 +109,9 @@ func (s *Service) Stats() Stats {
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
 	cfg := s.rules.Current()
-	resp, err := s.shouldRateLimit(ctx, cfg, req)
-	a := Answered{Domain: req.GetDomain(), KnownDomain: cfg.HasDomain(req.GetDomain()),
+	known := cfg.HasDomain(req.GetDomain())
+	resp, err := s.shouldRateLimit(ctx, cfg, known, req)
+	a := Answered{Domain: req.GetDomain(), KnownDomain: known,
 		Code: status.Code(err), Duration: time.Since(start)}
 	if resp != nil {
 		a.Overall = resp.OverallCode
@@ -119,7 +120,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	return resp, err
 }
 
-func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, knownDomain bool, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	s.stats.requests.Add(1)
 	if err := s.opts.Input.validate(req); err != nil {
 		s.stats.invalid.Add(1)
@@ -151,7 +152,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 		resp.Statuses[i] = st
 		switch {
 		case !matched[i] || m.Rule == nil:
-			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: cfg.HasDomain(req.Domain), Outcome: OutcomeUnmatched})
+			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: knownDomain, Outcome: OutcomeUnmatched})
 		case m.Rule.Unlimited:
 			// Unlimited wins over replaces, as in envoyproxy/ratelimit.
 			st.LimitRemaining = math.MaxUint32

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime/debug"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,8 +59,6 @@ type Options struct {
 	// SpanExporter receives spans besides OTLP, synchronously as each
 	// ends; tests use an in-memory one.
 	SpanExporter sdktrace.SpanExporter
-	// Version is reported as service.version.
-	Version string
 }
 
 // Telemetry owns the meter and tracer providers of a process. It is safe
@@ -124,7 +123,7 @@ func New(ctx context.Context, opts Options) (*Telemetry, error) {
 		return nil, fmt.Errorf("trace sampling %v: want a fraction from 0 to 1", opts.TraceSampling)
 	}
 	res, err := resource.Merge(resource.Default(), resource.NewWithAttributes(semconv.SchemaURL,
-		semconv.ServiceName("sluice"), semconv.ServiceVersion(opts.Version)))
+		semconv.ServiceName("sluice"), semconv.ServiceVersion(moduleVersion())))
 	if err != nil {
 		return nil, fmt.Errorf("telemetry resource: %w", err)
 	}
@@ -217,4 +216,13 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	}
 	errs = append(errs, t.meters.Shutdown(ctx))
 	return errors.Join(errs...)
+}
+
+// moduleVersion is the version Go stamped into the binary: a tag for a
+// release built with go install, "(devel)" for a build from a checkout.
+func moduleVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		return bi.Main.Version
+	}
+	return "unknown"
 }

@@ -22,6 +22,7 @@ type AdminAPI interface {
 	DeleteItem(context.Context, *dynamodb.DeleteItemInput, ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
 	Query(context.Context, *dynamodb.QueryInput, ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error)
 	Scan(context.Context, *dynamodb.ScanInput, ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error)
+	BatchGetItem(context.Context, *dynamodb.BatchGetItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
 	BatchWriteItem(context.Context, *dynamodb.BatchWriteItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchWriteItemOutput, error)
 }
 
@@ -155,6 +156,58 @@ func (a *Admin) GetConfig(ctx context.Context, k backend.RecordKey) (Config, boo
 	}
 	c.Key = k
 	return c, ok, nil
+}
+
+// GetConfigs reads the records keys name, 100 to a BatchGetItem (its
+// limit), asking again for what DynamoDB leaves unprocessed. The answer
+// holds the records that exist; a sync-written one past its ttl does not.
+func (a *Admin) GetConfigs(ctx context.Context, keys []backend.RecordKey) (map[backend.RecordKey]Config, error) {
+	out := make(map[backend.RecordKey]Config, len(keys))
+	byItem := map[[2]string]backend.RecordKey{}
+	var pending []map[string]types.AttributeValue
+	for _, k := range keys {
+		if err := k.Valid(); err != nil {
+			return nil, err
+		}
+		pk := primaryKey(configItemKey(a.keys, k))
+		id := [2]string{attrS(pk, attrPK), attrS(pk, attrSK)}
+		if _, dup := byItem[id]; !dup {
+			byItem[id] = k
+			pending = append(pending, pk)
+		}
+	}
+	for len(pending) > 0 {
+		n := min(len(pending), 100)
+		req := map[string]types.KeysAndAttributes{a.table: {Keys: pending[:n], ConsistentRead: aws.Bool(true)}}
+		pending = pending[n:]
+		for attempt := 0; len(req) > 0; attempt++ {
+			if attempt == maxBatchAttempts {
+				return nil, fmt.Errorf("reading configs: %d keys still unprocessed after %d attempts", len(req[a.table].Keys), attempt)
+			}
+			if attempt > 0 {
+				if err := sleep(ctx, backoff(attempt)); err != nil {
+					return nil, fmt.Errorf("reading configs: %w", err)
+				}
+			}
+			res, err := a.api.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
+			if err != nil {
+				return nil, fmt.Errorf("reading configs: %w", err)
+			}
+			for _, av := range res.Responses[a.table] {
+				k := byItem[[2]string{attrS(av, attrPK), attrS(av, attrSK)}]
+				c, ok, err := a.decodeConfig(av)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", k, err)
+				}
+				if ok {
+					c.Key = k
+					out[k] = c
+				}
+			}
+			req = res.UnprocessedKeys
+		}
+	}
+	return out, nil
 }
 
 // DeleteConfig deletes the record k and reports whether it existed.

@@ -383,3 +383,61 @@ func TestAdminAppliedSet(t *testing.T) {
 		t.Errorf("effective %+v, %v", r, err)
 	}
 }
+
+func (h *halfBatches) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	do := map[string]types.KeysAndAttributes{}
+	left := map[string]types.KeysAndAttributes{}
+	for table, ka := range in.RequestItems {
+		k := (len(ka.Keys) + 1) / 2
+		first, rest := ka, ka
+		first.Keys, rest.Keys = ka.Keys[:k], ka.Keys[k:]
+		do[table] = first
+		if len(rest.Keys) > 0 {
+			left[table] = rest
+		}
+	}
+	out, err := h.AdminAPI.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: do}, o...)
+	if err != nil {
+		return nil, err
+	}
+	out.UnprocessedKeys = left
+	return out, nil
+}
+
+// GetConfigs reads many records 100 to a batch, asks again for what
+// DynamoDB leaves unprocessed, and leaves out the missing ones.
+func TestAdminGetConfigsInBatches(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.admin(t, "")
+	ctx := t.Context()
+	var keys []backend.RecordKey
+	for i := range 150 {
+		k := backend.EntityKey(fmt.Sprintf("e%d", i), "chat")
+		if _, err := a.PutConfig(ctx, k, []bucket.Limit{lim(t, "rpm", fmt.Sprintf("%d/min", i+1), -1)}, 0); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	missing := backend.ResourceKey("nothing-here")
+	keys = append(keys, missing, keys[0]) // a missing record, and one asked twice
+	got, err := e.admin(t, "", &halfBatches{AdminAPI: e.client}).GetConfigs(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 150 {
+		t.Fatalf("%d records, want 150", len(got))
+	}
+	for i := range 150 {
+		k := backend.EntityKey(fmt.Sprintf("e%d", i), "chat")
+		if c := got[k]; c.Key != k || len(c.Limits) != 1 || c.Limits[0].Amount != int64(i+1)*bucket.Milli {
+			t.Fatalf("%s: %+v", k, c)
+		}
+	}
+	if _, ok := got[missing]; ok {
+		t.Error("a missing record was returned")
+	}
+	if _, err := a.GetConfigs(ctx, []backend.RecordKey{{Entity: "no-resource"}}); err == nil {
+		t.Error("an invalid key was accepted")
+	}
+}

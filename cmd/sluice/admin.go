@@ -23,8 +23,19 @@ import (
 type adminOptions struct {
 	table, region, endpoint, keyPrefix string
 	output                             string
-	// now is the clock; tests set it.
-	now func() time.Time
+}
+
+// newAdminGroup is a command group of operator commands sharing the
+// table and output flags; each sub is built on the group's options.
+func newAdminGroup(group *cobra.Command, subs ...func(*adminOptions) *cobra.Command) *cobra.Command {
+	o := &adminOptions{}
+	group.Args = cobra.NoArgs
+	group.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	addAdminFlags(group, o)
+	for _, sub := range subs {
+		group.AddCommand(sub(o))
+	}
+	return group
 }
 
 // addAdminFlags defines the shared flags on a command group; they are
@@ -51,7 +62,7 @@ func (o *adminOptions) admin(ctx context.Context) (*sluiceddb.Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	a, err := sluiceddb.NewAdmin(client, o.table, o.keyPrefix, func() int64 { return o.clock().UnixMilli() })
+	a, err := sluiceddb.NewAdmin(client, o.table, o.keyPrefix, nil)
 	if err != nil {
 		return nil, usageError{err}
 	}
@@ -66,13 +77,6 @@ func (o *adminOptions) scoped(ctx context.Context, s scopeOptions) (*sluiceddb.A
 	}
 	a, err := o.admin(ctx)
 	return a, k, err
-}
-
-func (o *adminOptions) clock() time.Time {
-	if o.now != nil {
-		return o.now()
-	}
-	return time.Now()
 }
 
 // print writes v as JSON or YAML, or calls table for the table format.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -14,8 +15,7 @@ import (
 )
 
 func newBucketsCommand() *cobra.Command {
-	o := &adminOptions{}
-	cmd := &cobra.Command{
+	return newAdminGroup(&cobra.Command{
 		Use:   "buckets",
 		Short: "Look at token buckets as the table holds them",
 		Long: `A bucket is one entity's state for one resource: for each of its limits the
@@ -24,12 +24,8 @@ when Sluice decides on it.`,
 		Example: `  export SLUICE_TABLE=sluice
   sluice buckets get --entity acme --resource chat
   sluice buckets list --resource chat --limit 20`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
-	}
-	addAdminFlags(cmd, o)
-	cmd.AddCommand(newBucketsGetCommand(o), newBucketsListCommand(o))
-	return cmd
+	},
+		newBucketsGetCommand, newBucketsListCommand)
 }
 
 // bucketLimitOut is one limit of a bucket in json and yaml.
@@ -97,13 +93,14 @@ func newBucketsGetCommand(o *adminOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			now := o.clock()
+			now := time.Now()
 			out := bucketOut{Entity: entity, Resource: resource, TTL: ttlOut(b.TTL), Source: sourceText(r),
 				Stale: r.Level != backend.LevelNone && bucket.Fingerprint(r.Limits) != b.Cfg}
+			nowStates := make([]bucket.State, len(b.Limits))
 			for i, l := range b.Limits {
-				s := bucket.Refill(l, b.States[i], now.UnixMilli())
+				nowStates[i] = bucket.Refill(l, b.States[i], now.UnixMilli())
 				out.Limits = append(out.Limits, bucketLimitOut{limitsOut([]bucket.Limit{l})[0],
-					float64(s.Tokens) / bucket.Milli, float64(s.Consumed) / bucket.Milli})
+					float64(nowStates[i].Tokens) / bucket.Milli, float64(nowStates[i].Consumed) / bucket.Milli})
 			}
 			return o.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "bucket of entity %s for resource %s\n", entity, resource)
@@ -114,9 +111,8 @@ func newBucketsGetCommand(o *adminOptions) *cobra.Command {
 				}
 				fmt.Fprintln(w, "LIMIT\tRATE\tBURST\tTOKENS\tCONSUMED")
 				for i, l := range b.Limits {
-					s := bucket.Refill(l, b.States[i], now.UnixMilli())
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", l.Name, bucket.FormatRate(l.Amount, l.Period),
-						milliText(l.Burst), milliText(s.Tokens), milliText(s.Consumed))
+						milliText(l.Burst), milliText(nowStates[i].Tokens), milliText(nowStates[i].Consumed))
 				}
 			})
 		},

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -11,8 +12,7 @@ import (
 )
 
 func newEntityCommand() *cobra.Command {
-	o := &adminOptions{}
-	cmd := &cobra.Command{
+	return newAdminGroup(&cobra.Command{
 		Use:   "entity",
 		Short: "Manage entities: parents, cascades, and deleting everything an entity has",
 		Long: `An entity (an API key, a tenant, a client address) may have a parent. With
@@ -22,12 +22,8 @@ team's budget. These commands read and write the DynamoDB table directly.`,
 		Example: `  export SLUICE_TABLE=sluice
   sluice entity set key-123 --parent team-a --cascade
   sluice entity children team-a`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
-	}
-	addAdminFlags(cmd, o)
-	cmd.AddCommand(newEntitySetCommand(o), newEntityGetCommand(o), newEntityChildrenCommand(o), newEntityDeleteCommand(o))
-	return cmd
+	},
+		newEntitySetCommand, newEntityGetCommand, newEntityChildrenCommand, newEntityDeleteCommand)
 }
 
 // entityOut is an entity in json and yaml.
@@ -111,7 +107,7 @@ func newEntityGetCommand(o *adminOptions) *cobra.Command {
 					fmt.Fprintln(w, "RESOURCE\tLIMITS\tEXPIRES")
 				}
 				for _, c := range configs {
-					fmt.Fprintf(w, "%s\t%s\t%s\n", c.Key.Resource, limitsText(c.Limits), ttlText(c.TTL, o.clock()))
+					fmt.Fprintf(w, "%s\t%s\t%s\n", c.Key.Resource, limitsText(c.Limits), ttlText(c.TTL, time.Now()))
 				}
 			})
 		},

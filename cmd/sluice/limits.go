@@ -30,8 +30,7 @@ beside a token budget. The rate is N/unit or N/Kunit (s, min, h, day, week,
 month, year); the burst defaults to N.`
 
 func newLimitsCommand() *cobra.Command {
-	o := &adminOptions{}
-	cmd := &cobra.Command{
+	return newAdminGroup(&cobra.Command{
 		Use:   "limits",
 		Short: "Set, show and delete limits at the four levels, by hand or from a manifest",
 		Long:  limitsHelp,
@@ -39,13 +38,8 @@ func newLimitsCommand() *cobra.Command {
   sluice limits set --entity acme --resource chat rpm=200/min
   sluice limits get --entity acme --resource chat
   sluice limits apply -f limits.yaml --dry-run`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
-	}
-	addAdminFlags(cmd, o)
-	cmd.AddCommand(newLimitsSetCommand(o), newLimitsGetCommand(o), newLimitsDeleteCommand(o),
-		newLimitsListCommand(o), newLimitsApplyCommand(o))
-	return cmd
+	},
+		newLimitsSetCommand, newLimitsGetCommand, newLimitsDeleteCommand, newLimitsListCommand, newLimitsApplyCommand)
 }
 
 // configOut is a stored record in json and yaml.
@@ -107,7 +101,7 @@ expires, and neither do its buckets.`,
 				return err
 			}
 			return o.print(cmd.OutOrStdout(), configsOut([]sluiceddb.Config{c})[0], func(w *tabwriter.Writer) {
-				fmt.Fprintf(w, "set %s: %s (expires: %s)\n", keyText(k), limitsText(c.Limits), ttlText(c.TTL, o.clock()))
+				fmt.Fprintf(w, "set %s: %s (expires: %s)\n", keyText(k), limitsText(c.Limits), ttlText(c.TTL, time.Now()))
 			})
 		},
 	}
@@ -166,40 +160,37 @@ resource are not in the table: where no level has any, they apply.`,
 			if err != nil {
 				return err
 			}
+			levels := chain(k)
+			found, err := a.GetConfigs(cmd.Context(), levels)
+			if err != nil {
+				return err
+			}
 			res := resolutionOut{Level: backend.LevelNone.String(), Limits: []limitOut{}}
-			var inForce *sluiceddb.Config
-			var rows []levelOut
-			var found []sluiceddb.Config
-			for _, ck := range chain(k) {
-				c, ok, err := a.GetConfig(cmd.Context(), ck)
-				if err != nil {
-					return err
-				}
+			for _, ck := range levels {
+				c, ok := found[ck]
 				row := levelOut{Record: keyOut(ck), Found: ok}
 				if ok {
 					row.Limits, row.TTL = limitsOut(c.Limits), ttlOut(c.TTL)
-					if inForce == nil {
-						inForce, row.InForce = &c, true
+					if res.Level == backend.LevelNone.String() {
+						row.InForce = true
 						res.Level, res.Limits = ck.Level().String(), row.Limits
 					}
 				}
-				rows = append(rows, row)
-				found = append(found, c)
+				res.Levels = append(res.Levels, row)
 			}
-			res.Levels = rows
 			return o.print(cmd.OutOrStdout(), res, func(w *tabwriter.Writer) {
 				fmt.Fprintln(w, "LEVEL\tRECORD\tLIMITS\tEXPIRES")
-				for i, r := range rows {
-					ttl := "-"
+				for i, r := range res.Levels {
+					c, ttl := found[levels[i]], "-"
 					if r.Found {
-						ttl = ttlText(found[i].TTL, o.clock())
+						ttl = ttlText(c.TTL, time.Now())
 					}
 					if r.InForce {
 						ttl += "\t<- in force"
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Record.Level, keyText(chain(k)[i]), limitsText(found[i].Limits), ttl)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Record.Level, keyText(levels[i]), limitsText(c.Limits), ttl)
 				}
-				if inForce == nil {
+				if res.Level == backend.LevelNone.String() {
 					fmt.Fprintln(w, "no level has limits in the table: the rule files' limits apply, if any")
 				}
 			})
@@ -270,7 +261,7 @@ takes time and read capacity in proportion to the table's size.`,
 			return o.print(cmd.OutOrStdout(), configsOut(cs), func(w *tabwriter.Writer) {
 				fmt.Fprintln(w, "LEVEL\tRECORD\tLIMITS\tEXPIRES")
 				for _, c := range cs {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", c.Key.Level(), keyText(c.Key), limitsText(c.Limits), ttlText(c.TTL, o.clock()))
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", c.Key.Level(), keyText(c.Key), limitsText(c.Limits), ttlText(c.TTL, time.Now()))
 				}
 			})
 		},
@@ -347,18 +338,13 @@ fails and says so; run it again. -f - reads the manifest from stdin.
 			if err != nil {
 				return err
 			}
-			current := map[backend.RecordKey]manifest.Current{}
-			for _, k := range append(m.Keys(), applied...) {
-				if _, seen := current[k]; seen {
-					continue
-				}
-				c, ok, err := a.GetConfig(ctx, k)
-				if err != nil {
-					return err
-				}
-				if ok {
-					current[k] = manifest.Current{Limits: c.Limits, Synced: c.TTL != 0}
-				}
+			stored, err := a.GetConfigs(ctx, append(m.Keys(), applied...))
+			if err != nil {
+				return err
+			}
+			current := make(map[backend.RecordKey]manifest.Current, len(stored))
+			for k, c := range stored {
+				current[k] = manifest.Current{Limits: c.Limits, Synced: c.TTL != 0}
 			}
 			plan := manifest.Plan(m, current, applied)
 			res := applyOut{Changes: []changeOut{}, DryRun: dryRun}
