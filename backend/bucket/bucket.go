@@ -129,6 +129,27 @@ func Wait(l Limit, s State, need, now int64) int64 {
 	return int64(lo) - min(elapsed, int64(lo)-1)
 }
 
+// FillTime is how long (ms) a limit takes to refill k millitokens, in
+// whole refill steps: any state holding at least Burst-k tokens whose
+// clock is at least FillTime(l, k) before now is full at now. It lets a
+// writer state "the bucket is full", a fact about a whole range of
+// states, without knowing exactly which state another writer left. Never
+// when the limit does not refill; 0 for k <= 0.
+func FillTime(l Limit, k int64) int64 {
+	if k <= 0 {
+		return 0
+	}
+	if l.Amount == 0 {
+		return Never
+	}
+	dt, da := quantum(l)
+	hi, lo := bits.Mul64(uint64(ceilDiv(k, da)), uint64(dt))
+	if hi != 0 || lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(lo)
+}
+
 // TimeToFill is how long (ms) an empty limit takes to refill to its burst,
 // the time_to_fill of ADR-119, rounded up; Never when it never refills.
 func TimeToFill(l Limit) int64 {

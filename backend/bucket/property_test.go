@@ -128,6 +128,35 @@ func TestPropertyWaitIsExact(t *testing.T) {
 	}
 }
 
+// Any state that holds Burst-k tokens or more and whose clock is
+// FillTime(k) or more before now refills to its burst by now; one
+// millisecond less, and a state holding exactly Burst-k does not.
+func TestPropertyFillTimeMeansFull(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	for iter := 0; iter < 20000; iter++ {
+		l := randomLimit(r, "x")
+		if l.Amount == 0 || l.Burst == 0 {
+			continue
+		}
+		k := r.Int64N(l.Burst + 1)
+		fill := FillTime(l, k)
+		if fill > 1<<40 {
+			continue
+		}
+		now := int64(1<<41) + r.Int64N(1<<40)
+		s := State{Tokens: l.Burst - k + r.Int64N(k+1), Clock: now - fill - r.Int64N(1+fill)}
+		if got := Refill(l, s, now); got.Tokens != l.Burst {
+			t.Fatalf("%+v k %d fill %d: %+v refills to %+v at %d, not full", l, k, fill, s, got, now)
+		}
+		if k > 0 && fill > 0 {
+			edge := State{Tokens: l.Burst - k, Clock: now - fill + 1}
+			if got := Refill(l, edge, now); got.Tokens == l.Burst {
+				t.Fatalf("%+v k %d: full %d ms early, so FillTime %d is not the least", l, k, 1, fill)
+			}
+		}
+	}
+}
+
 // Cost never overflows and always denies what cannot fit, for any hits.
 func TestPropertyCostBounded(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))

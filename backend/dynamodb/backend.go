@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -44,6 +46,11 @@ type Options struct {
 	// (100,000). A bucket whose state is known is decided and written with
 	// one conditional UpdateItem and no read.
 	StateCacheSize int
+	// MaxBatch bounds how many decisions of one bucket are decided
+	// together and written as one (256). While a write for a bucket is in
+	// flight, later decisions for it wait and then share the next write.
+	// 1 turns sharing off: each decision then writes on its own.
+	MaxBatch int
 	// MaxAttempts bounds the writes one decision tries when it loses races
 	// to other writers (8).
 	MaxAttempts int
@@ -73,7 +80,7 @@ type Backend struct {
 	now     func() int64
 	records *records
 	seen    *lru.Cache[bucketKey, seenItem]
-	gates   *gates
+	lanes   *lanes
 	stats   *Stats
 }
 
@@ -103,6 +110,9 @@ func New(api API, opts Options) (*Backend, error) {
 	if opts.StateCacheSize <= 0 {
 		opts.StateCacheSize = 100_000
 	}
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = 256
+	}
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = 8
 	}
@@ -118,7 +128,7 @@ func New(api API, opts Options) (*Backend, error) {
 	}
 	stats := newStats()
 	return &Backend{
-		api: api, table: opts.Table, keys: keys, opts: opts, now: opts.Now, seen: seen, stats: stats, gates: newGates(),
+		api: api, table: opts.Table, keys: keys, opts: opts, now: opts.Now, seen: seen, stats: stats, lanes: newLanes(opts.MaxBatch),
 		records: newRecords(api, opts.Table, keys, opts.ConfigCacheSize, opts.ConfigCacheTTL, opts.Now, stats),
 	}, nil
 }
@@ -173,7 +183,50 @@ const (
 // Decide implements backend.Backend.
 func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
 	var buf [2]target
-	ts := buf[:0]
+	ts, level, err := b.targets(ctx, req, buf[:0])
+	if err != nil {
+		return backend.Decision{}, err
+	}
+	if len(ts) == 0 {
+		return backend.NotLimited(), nil
+	}
+	keys := make([]bucketKey, len(ts))
+	for i := range ts {
+		keys[i] = ts[i].key
+	}
+	group := ""
+	if len(ts) == 1 {
+		group = ts[0].group()
+	}
+	c := newCall(ctx, req, group)
+	batch, err := b.lanes.enter(ctx, c, keys...)
+	if err != nil {
+		return backend.Decision{}, fmt.Errorf("waiting for bucket %q/%q: %w", req.Entity, req.Resource, err)
+	}
+	if batch != nil {
+		func() {
+			defer b.lanes.leave(keys...)
+			defer answer(batch)
+			b.decideBatch(ts, batch)
+		}()
+	}
+	if c.err != nil {
+		return backend.Decision{}, c.err
+	}
+	var limits []bucket.Limit
+	if len(ts) == 1 {
+		limits = ts[0].res.Limits
+	} else {
+		limits = append(slices.Clip(ts[0].res.Limits), ts[1].res.Limits...)
+	}
+	return backend.Decision{Allowed: c.allowed, Limits: limits, Results: c.results,
+		Binding: bucket.Binding(limits, c.results), Level: level}, nil
+}
+
+// targets resolves the buckets req is charged to, appended to ts: the
+// entity's, then its parent's when there is one, leaving out a bucket no
+// level gives any limit. level is where the entity's limits came from.
+func (b *Backend) targets(ctx context.Context, req *backend.Request, ts []target) ([]target, backend.Level, error) {
 	level := backend.LevelNone
 	// The parent comes from the rule's parent template, else from the
 	// entity's META item when it asks for cascade.
@@ -187,111 +240,198 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		}
 		rs, err := b.records.get(ctx, entity, req.Resource)
 		if err != nil {
-			return backend.Decision{}, err
+			return nil, level, err
 		}
 		if i == 0 && parent == "" {
 			parent = rs.parent
 		}
 		res, err := backend.Resolve(ctx, rs, entity, req.Resource, req.Defaults)
 		if err != nil {
-			return backend.Decision{}, err
+			return nil, level, err
 		}
 		if i == 0 {
 			level = res.Level
 		}
 		if len(res.Limits) > 0 {
 			ts = append(ts, target{key: bucketKey{entity, req.Resource}, res: res,
-				fp: bucket.Fingerprint(res.Limits), refund: req.Refund})
+				fp: bucket.Fingerprint(res.Limits)})
 		}
 	}
-	if len(ts) == 0 {
-		return backend.NotLimited(), nil
+	return ts, level, nil
+}
+
+// group names the calls that may share t's writes: those whose limits
+// resolved to the same list from the same kind of source, so that one
+// write (its condition, its TTL) is right for all of them. Sharing off,
+// it is "".
+func (t *target) group() string {
+	synced := "n"
+	if t.res.Synced {
+		synced = "s"
 	}
-	keys := make([]bucketKey, len(ts))
-	for i := range ts {
-		keys[i] = ts[i].key
-	}
-	leave, err := b.gates.enter(ctx, keys...)
-	if err != nil {
-		return backend.Decision{}, fmt.Errorf("waiting for bucket %q/%q: %w", req.Entity, req.Resource, err)
-	}
-	defer leave()
-	// Read the last seen state only now: the decision that held the gate
+	return t.fp + "|" + strconv.Itoa(int(t.res.Level)) + synced
+}
+
+// decideBatch decides the calls of batch, in order, on the buckets ts
+// name (the first call's; every call of a batch resolved them alike),
+// and writes the outcome with one conditional write. Each call gets its
+// own answer. A lost race recomputes every call from the state the table
+// returned; a call whose context ends is left out of the next attempt.
+func (b *Backend) decideBatch(ts []target, batch []*call) {
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	// Read the last seen state only now: the batch that held the lane
 	// before this one may have just updated it.
 	for i := range ts {
 		seen, _ := b.seen.Get(ts[i].key)
 		ts[i].item, ts[i].seenAt = seen.item, seen.at
 	}
-
+	read := false
+	live := make([]*call, 0, len(batch))
 	for attempt := 1; ; attempt++ {
-		now := b.now()
-		limits, results, allowed := decide(ts, req, now)
-		checkOnly := req.Hits == 0
-		if !allowed || checkOnly {
-			if !b.recentEnough(ts, now) {
-				// Decided on a view too old to trust for a denial (a
-				// refund or a raised limit elsewhere): ask the table.
-				if err := b.refresh(ctx, ts); err != nil {
-					return backend.Decision{}, err
+		live = live[:0]
+		for _, c := range batch {
+			if err := c.ctx.Err(); err != nil {
+				if !c.done {
+					c.err, c.done = fmt.Errorf("bucket %q/%q: %w", c.req.Entity, c.req.Resource, err), true
 				}
 				continue
 			}
-			return backend.Decision{Allowed: allowed, Limits: limits, Results: results,
-				Binding: bucket.Binding(limits, results), Level: level}, nil
+			live = append(live, c)
+		}
+		if len(live) == 0 {
+			return
+		}
+		now := b.now()
+		write, needView := decideCalls(ts, live, now)
+		if needView && !b.recentEnough(ts, now) {
+			// Decided on a view too old to trust for a denial (a refund or
+			// a raised limit elsewhere): ask the table.
+			if err := b.refresh(ctx, ts); err != nil {
+				fail(live, err)
+				return
+			}
+			read = true
+			continue
+		}
+		if !write {
+			if !read {
+				b.stats.LocalAnswers.Add(uint64(len(live)))
+			}
+			for _, c := range live {
+				c.done = true
+			}
+			return
 		}
 		err := b.write(ctx, ts, now)
-		if err == nil && b.opts.OnBucketWrite != nil {
-			for i := range ts {
-				b.opts.OnBucketWrite(backend.TTLDuration(backend.BucketTTL(ts[i].res, b.opts.TTLMultiplier)))
-			}
-		}
 		if err == nil {
-			// Report what the table holds now where the write told us.
-			off := 0
-			for i := range ts {
-				for j, l := range ts[i].res.Limits {
-					if s, ok := ts[i].item.stateOf(l.Name); ok {
-						results[off+j].Tokens = s.Tokens
-						results[off+j].Wait = bucket.Wait(l, bucket.Refill(l, s, now), l.Burst, now)
-					}
-				}
-				off += len(ts[i].res.Limits)
-			}
-			return backend.Decision{Allowed: true, Limits: limits, Results: results,
-				Binding: bucket.Binding(limits, results), Level: level}, nil
+			b.written(ts, live, now, read)
+			return
 		}
 		var lost errLostRace
 		if !errors.As(err, &lost) {
-			return backend.Decision{}, err
+			fail(live, err)
+			return
 		}
 		b.stats.ConditionRetries.Add(1)
 		if attempt >= b.opts.MaxAttempts {
-			return backend.Decision{}, fmt.Errorf("bucket %q/%q: gave up after %d contended writes", req.Entity, req.Resource, attempt)
+			fail(live, fmt.Errorf("bucket %q/%q: gave up after %d contended writes", ts[0].key.entity, ts[0].key.resource, attempt))
+			return
 		}
-		if err := sleep(ctx, backoff(attempt)); err != nil {
-			return backend.Decision{}, err
+		// The first retry starts at once from the state the race returned;
+		// later ones back off, with jitter, as the bucket is contended.
+		if attempt > 1 {
+			if err := sleep(ctx, backoff(attempt-1)); err != nil {
+				fail(live, fmt.Errorf("bucket %q/%q: %w", ts[0].key.entity, ts[0].key.resource, err))
+				return
+			}
 		}
 	}
 }
 
-// decide plans every target at now and decides the request over all their
-// limits together (a cascade passes only if every bucket has the tokens).
-func decide(ts []target, req *backend.Request, now int64) ([]bucket.Limit, []bucket.Result, bool) {
-	var limits []bucket.Limit
-	var states []bucket.State
+// written completes the calls of a batch whose write succeeded: each
+// allowed call reports the tokens it left, shifted by whatever other
+// writers did meanwhile (which the table's answer shows).
+func (b *Backend) written(ts []target, calls []*call, now int64, read bool) {
+	if b.opts.OnBucketWrite != nil {
+		for i := range ts {
+			b.opts.OnBucketWrite(backend.TTLDuration(backend.BucketTTL(ts[i].res, b.opts.TTLMultiplier)))
+		}
+	}
+	off := 0
 	for i := range ts {
+		for j, l := range ts[i].res.Limits {
+			s, ok := ts[i].item.stateOf(l.Name)
+			if !ok {
+				continue
+			}
+			table := bucket.Refill(l, s, now)
+			shift := table.Tokens - ts[i].states[j].Tokens
+			for _, c := range calls {
+				r := &c.results[off+j]
+				if !c.allowed {
+					continue
+				}
+				r.Tokens = min(max(r.Tokens+shift, 0), l.Burst)
+				r.Wait = bucket.Wait(l, bucket.State{Tokens: r.Tokens, Clock: table.Clock}, l.Burst, now)
+			}
+		}
+		off += len(ts[i].res.Limits)
+	}
+	charged := 0
+	for _, c := range calls {
+		c.done = true
+		switch {
+		case c.allowed && c.req.Hits > 0:
+			charged++
+		case !read:
+			b.stats.LocalAnswers.Add(1)
+		}
+	}
+	b.stats.Coalesced.Add(uint64(max(charged-1, 0)))
+}
+
+// fail answers every call with err.
+func fail(calls []*call, err error) {
+	for _, c := range calls {
+		c.err, c.done = err, true
+	}
+}
+
+// decideCalls plans every target at now and decides the calls in order,
+// each over all the targets' limits together (a cascade passes only if
+// every bucket has the tokens) and against the states the calls before
+// it left. write reports that some call takes or gives back tokens;
+// needView, that some call was denied or only checked, an answer that
+// is only as good as the state it was read from.
+func decideCalls(ts []target, calls []*call, now int64) (write, needView bool) {
+	var states []bucket.State
+	var limits []bucket.Limit
+	refund := false
+	for _, c := range calls {
+		refund = refund || c.req.Refund
+	}
+	for i := range ts {
+		ts[i].refund = refund
 		ts[i].plan(now)
 		limits = append(limits, ts[i].res.Limits...)
 		states = append(states, ts[i].base...)
 	}
-	results, allowed := backend.Apply(req, limits, states, now)
+	for _, c := range calls {
+		c.results, c.allowed = backend.Apply(c.req, limits, states, now)
+		if c.allowed && c.req.Hits > 0 {
+			write = true
+		} else {
+			needView = true
+		}
+	}
 	off := 0
 	for i := range ts {
 		n := len(ts[i].res.Limits)
 		ts[i].states = states[off : off+n]
 		off += n
 	}
-	return limits, results, allowed
+	return write, needView
 }
 
 // plan chooses how t will be written and the states its decision starts

@@ -15,8 +15,15 @@ type Stats struct {
 	// ConditionRetries counts writes that lost a race (condition failed or
 	// transaction conflict) and were recomputed.
 	ConditionRetries atomic.Uint64
-	ReadMilliUnits   atomic.Uint64
-	WriteMilliUnits  atomic.Uint64
+	// LocalAnswers counts decisions answered from the last state this
+	// replica saw of the bucket, with no DynamoDB call of their own:
+	// denials and checks within the staleness bound.
+	LocalAnswers atomic.Uint64
+	// Coalesced counts decisions whose tokens were written by a write
+	// another decision of the same batch made.
+	Coalesced       atomic.Uint64
+	ReadMilliUnits  atomic.Uint64
+	WriteMilliUnits atomic.Uint64
 
 	mu     sync.Mutex
 	calls  map[string]uint64

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -37,28 +39,36 @@ func (b *Backend) write(ctx context.Context, ts []target, now int64) error {
 
 // plannedOp turns t's plan into a conditional write.
 //
-// The incremental write is the steady state, in one of two forms.
+// The incremental write is the steady state. Each limit is written in one
+// of three forms, whichever fits what its decision did; every form keeps
+// concurrent writers from losing each other's consumption, and none lets
+// a stale view lift a bucket past its burst (pitfalls 1 and 8).
 //
-// A consuming write takes the cost from tokens the bucket already holds
-// and leaves the refill clock alone: it only ADDs -cost, on the condition
-// that, whatever other writers did meanwhile, the bucket holds at least
-// the cost and stays below its burst even with the refill still pending
+// A consuming write takes the cost from tokens the limit already holds
+// and leaves its refill clock alone: it only ADDs -cost, on the condition
+// that, whatever other writers did meanwhile, the limit holds at least the
+// cost and stays below its burst even with the refill still pending
 // (tk <= burst - pending - 1). Refill is exact in whole steps from the
-// clock, so when no cap is reached the pending tokens are credited
-// exactly as if they had been credited now; the condition guarantees no
-// cap is reached, so nothing is back-dated. Such writes commute: any
-// number of replicas consume from one bucket without invalidating each
-// other.
+// clock, so when no cap is reached the pending tokens are credited exactly
+// as if they had been credited now; the condition guarantees no cap is
+// reached, so nothing is back-dated. Such writes commute: any number of
+// replicas consume from one limit without invalidating each other.
 //
-// A refilling write is needed when the cost needs the refill, when the
-// refill reaches the burst (the clock must then move to now), or for a
+// A full write is for a limit that is full at now: its clock must move to
+// now (time spent full is never credited), and it then holds the burst
+// less the cost. That outcome is the same from every state that is full
+// at now, so it SETs both, on the condition that the item's state is one
+// of them: it holds at least burst-k and its clock is at least the time
+// to refill k before now, for a few k around what this writer saw
+// (bucket.FillTime). Another replica's write on a hot bucket far below its
+// limit leaves such a state, so replicas do not invalidate each other
+// there either.
+//
+// A refilling write is needed when the cost needs the refill, or for a
 // refund. It moves the clock to where the refill left it and ADDs the
 // difference in tokens, on the condition that the clock is still the one
 // the refill started from and that the tokens stay within [0, burst]
 // after the ADD. A writer whose clock has moved on recomputes.
-//
-// Either way concurrent writers never lose each other's consumption and a
-// stale view can never lift a bucket past its burst (pitfalls 1 and 8).
 func (b *Backend) plannedOp(t *target, now int64) op {
 	e := newExpr()
 	nowSec := now / 1000
@@ -108,56 +118,74 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 	}
 	e.when("%n = %v", []string{attrCfg}, []types.AttributeValue{str(t.fp)})
 	notExpired(e, nowSec)
-	if pending, ok := t.consumesWithoutRefill(now); ok {
-		for i, l := range t.res.Limits {
-			tk := limitAttr(bucketPrefix, l.Name, fieldTokens)
-			cost := t.states[i].Consumed - t.base[i].Consumed
-			if cost > 0 {
-				e.addAttr(tk, num(-cost))
-				e.addAttr(limitAttr(bucketPrefix, l.Name, fieldConsumed), num(cost))
-			}
-			e.when("%n BETWEEN %v AND %v", []string{tk}, []types.AttributeValue{num(cost), num(l.Burst - pending[i] - 1)})
-		}
-		return op{key: b.itemKey(t.key), e: e}
-	}
 	for i, l := range t.res.Limits {
 		base, next := t.base[i], t.states[i]
 		tk := limitAttr(bucketPrefix, l.Name, fieldTokens)
 		rf := limitAttr(bucketPrefix, l.Name, fieldClock)
-		delta := next.Tokens - base.Tokens
-		if next.Clock != base.Clock {
+		cost := next.Consumed - base.Consumed
+		if cost > 0 {
+			e.addAttr(limitAttr(bucketPrefix, l.Name, fieldConsumed), num(cost))
+		}
+		refilled := bucket.Refill(l, base, now)
+		switch {
+		case !t.refund && refilled.Tokens >= l.Burst:
+			e.setAttr(tk, num(next.Tokens))
 			e.setAttr(rf, num(next.Clock))
+			fullAt(e, l, tk, rf, base, cost, now)
+		case !t.refund && base.Tokens >= cost:
+			if cost > 0 {
+				e.addAttr(tk, num(-cost))
+			}
+			pending := refilled.Tokens - base.Tokens
+			e.when("%n BETWEEN %v AND %v", []string{tk}, []types.AttributeValue{num(cost), num(l.Burst - pending - 1)})
+		default:
+			delta := next.Tokens - base.Tokens
+			if next.Clock != base.Clock {
+				e.setAttr(rf, num(next.Clock))
+			}
+			if delta != 0 {
+				e.addAttr(tk, num(delta))
+			}
+			e.when("%n = %v AND %n BETWEEN %v AND %v", []string{rf, tk},
+				[]types.AttributeValue{num(base.Clock), num(-delta), num(l.Burst - delta)})
 		}
-		if delta != 0 {
-			e.addAttr(tk, num(delta))
-		}
-		if used := next.Consumed - base.Consumed; used > 0 {
-			e.addAttr(limitAttr(bucketPrefix, l.Name, fieldConsumed), num(used))
-		}
-		e.when("%n = %v AND %n BETWEEN %v AND %v", []string{rf, tk},
-			[]types.AttributeValue{num(base.Clock), num(-delta), num(l.Burst - delta)})
 	}
 	return op{key: b.itemKey(t.key), e: e}
 }
 
-// consumesWithoutRefill reports whether t's decision can be written as a
-// consuming write: a consumption (not a refund) that every limit can pay
-// from the tokens it held before refilling, where refilling would not
-// reach the burst. It returns each limit's pending refill.
-func (t *target) consumesWithoutRefill(now int64) ([]int64, bool) {
-	if t.refund {
-		return nil, false
+// fullAt conditions a full write of limit l on an item state that is full
+// at now: one of a few regions "tk >= burst-k AND rf <= now-FillTime(k)".
+// The first k holds the state this writer saw (base); the others, halving
+// down from it and doubling up, hold the states another writer's recent
+// write leaves (its cost taken, its clock a little later).
+func fullAt(e *expr, l bucket.Limit, tk, rf string, base bucket.State, cost, now int64) {
+	seen := max(l.Burst-base.Tokens, 0)
+	ks := []int64{seen}
+	from := max(seen, cost, 1)
+	for k := from; k > 0 && len(ks) < 8; k /= 2 {
+		ks = append(ks, k)
 	}
-	pending := make([]int64, len(t.res.Limits))
-	for i, l := range t.res.Limits {
-		base := t.base[i]
-		refilled := bucket.Refill(l, base, now)
-		if base.Tokens < t.states[i].Consumed-base.Consumed || refilled.Tokens >= l.Burst {
-			return nil, false
+	for k := from * 2; k <= l.Burst && len(ks) < 10; k *= 2 {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	ks = slices.Compact(ks)
+	var clause strings.Builder
+	var names []string
+	var values []types.AttributeValue
+	for _, k := range ks {
+		fill := bucket.FillTime(l, k)
+		if fill > now {
+			continue
 		}
-		pending[i] = refilled.Tokens - base.Tokens
+		if clause.Len() > 0 {
+			clause.WriteString(" OR ")
+		}
+		clause.WriteString("(%n >= %v AND %n <= %v)")
+		names = append(names, tk, rf)
+		values = append(values, num(l.Burst-k), num(now-fill))
 	}
-	return pending, true
+	e.when(clause.String(), names, values)
 }
 
 // notExpired conditions a write on an item whose ttl has not passed.

@@ -1,0 +1,215 @@
+package dynamodb
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+// lanes queue the decisions of each bucket on this replica, so that one
+// batch per bucket talks to DynamoDB at a time. Decisions that arrive
+// while a batch is in flight wait; when it is done, the waiting decisions
+// that can share a write are handed over together to the first of them,
+// which decides them in arrival order against the state the last write
+// returned and writes them as one conditional UpdateItem.
+//
+// Without this, every caller of a hot bucket would race every other for
+// each token: all but one of their conditional writes would fail, and
+// each success would cost a write. Queued, a replica writes a hot bucket
+// once per round trip to DynamoDB whatever the number of callers.
+//
+// There is no lock across buckets while anyone waits or writes: the mutex
+// only guards the map and the queues, and a lane nobody holds or waits
+// for is dropped.
+type lanes struct {
+	mu sync.Mutex
+	m  map[bucketKey]*lane
+	// maxBatch bounds the calls decided together; 1 turns sharing off.
+	maxBatch int
+}
+
+// lane is one bucket's queue.
+type lane struct {
+	busy  bool    // a batch (or a cascade) holds the bucket
+	queue []*call // waiting, in arrival order
+}
+
+// call is one decision passing through a lane. The fields below wake are
+// written by whoever hands the call over (under lanes.mu) or answers it,
+// before it sends on wake, and read by the call's own goroutine after.
+type call struct {
+	ctx context.Context
+	req *backend.Request
+	// group says which calls may be decided and written together: those
+	// of one bucket whose limits resolved alike. "" never shares (a
+	// cascade, which holds two lanes).
+	group string
+	// wake receives once per hand-over: the lane was handed to the call,
+	// or, for a follower, its answer is in.
+	wake chan struct{}
+
+	leads bool    // the lane was handed to this call
+	batch []*call // when it leads: itself first, then its followers
+	// follower: the call is decided and answered by another's batch.
+	follower bool
+
+	// The answer.
+	results []bucket.Result
+	allowed bool
+	err     error
+	done    bool // answered (by a batch, or by the leader giving up)
+}
+
+func newCall(ctx context.Context, req *backend.Request, group string) *call {
+	return &call{ctx: ctx, req: req, group: group, wake: make(chan struct{}, 1)}
+}
+
+func newLanes(maxBatch int) *lanes {
+	return &lanes{m: map[bucketKey]*lane{}, maxBatch: max(maxBatch, 1)}
+}
+
+// enter waits until c may decide on the buckets of keys and returns the
+// calls it decides: itself first, then any followers handed to it. A
+// call that shares (group != "") names one key; a call that does not may
+// name two, taken in a fixed order so that two cascades over the same
+// pair cannot deadlock.
+//
+// A nil batch and nil error mean c was answered by another call's batch.
+// An error means ctx ended first and c holds nothing.
+func (l *lanes) enter(ctx context.Context, c *call, keys ...bucketKey) ([]*call, error) {
+	if len(keys) == 2 && less(keys[1], keys[0]) {
+		keys = []bucketKey{keys[1], keys[0]}
+	}
+	for i, k := range keys {
+		if err := l.take(ctx, c, k); err != nil {
+			l.leave(keys[:i]...)
+			return nil, err
+		}
+		if c.follower {
+			return nil, nil
+		}
+	}
+	if c.batch == nil {
+		c.batch = []*call{c}
+	}
+	return c.batch, nil
+}
+
+// take waits for k's lane. On return without error, c either holds the
+// lane or (c.follower) has been answered.
+func (l *lanes) take(ctx context.Context, c *call, k bucketKey) error {
+	l.mu.Lock()
+	ln := l.m[k]
+	if ln == nil {
+		ln = &lane{}
+		l.m[k] = ln
+	}
+	if !ln.busy {
+		ln.busy = true
+		l.mu.Unlock()
+		return nil
+	}
+	ln.queue = append(ln.queue, c)
+	l.mu.Unlock()
+
+	select {
+	case <-c.wake:
+		return nil
+	case <-ctx.Done():
+	}
+	l.mu.Lock()
+	for i, w := range ln.queue {
+		if w == c {
+			ln.queue = append(ln.queue[:i], ln.queue[i+1:]...)
+			l.mu.Unlock()
+			return ctx.Err()
+		}
+	}
+	l.mu.Unlock()
+	// Handed over just as ctx ended. A leader still decides for its
+	// followers, whose deadlines may be later; a follower gives up, and
+	// its leader may still charge it (the bucket loses at most this one
+	// call's tokens, never gains any).
+	if c.follower {
+		return ctx.Err()
+	}
+	<-c.wake
+	return nil
+}
+
+// leave hands each of keys' lanes to the next waiting call, with the
+// calls that may share its batch, or frees it.
+func (l *lanes) leave(keys ...bucketKey) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range keys {
+		ln := l.m[k]
+		if len(ln.queue) == 0 {
+			delete(l.m, k)
+			continue
+		}
+		head := ln.queue[0]
+		head.leads, head.batch = true, []*call{head}
+		rest := ln.queue[:0]
+		for _, w := range ln.queue[1:] {
+			if head.group != "" && w.group == head.group && len(head.batch) < l.maxBatch {
+				w.follower = true
+				head.batch = append(head.batch, w)
+				continue
+			}
+			rest = append(rest, w)
+		}
+		clear(ln.queue[len(rest):])
+		ln.queue = rest
+		head.wake <- struct{}{}
+	}
+}
+
+// answer delivers a batch's answers to its followers.
+func answer(batch []*call) {
+	for _, c := range batch[1:] {
+		if !c.done {
+			c.err, c.done = errAbandoned, true
+		}
+		c.wake <- struct{}{}
+	}
+}
+
+// errAbandoned answers a follower whose leader stopped without deciding
+// it (a panic, or every attempt failing before it was reached).
+var errAbandoned = errors.New("the decision sharing this one's write did not finish")
+
+// batchContext is the context a batch's DynamoDB calls run under: the
+// first call's values (its trace), cancelled only once every call of the
+// batch has given up, so that a leader with a short deadline does not
+// fail followers that can wait longer.
+func batchContext(batch []*call) (context.Context, context.CancelFunc) {
+	if len(batch) == 1 {
+		return batch[0].ctx, func() {}
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
+	var live atomic.Int64
+	live.Store(int64(len(batch)))
+	stops := make([]func() bool, len(batch))
+	for i, c := range batch {
+		stops[i] = context.AfterFunc(c.ctx, func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
+
+func less(a, b bucketKey) bool {
+	return a.entity < b.entity || (a.entity == b.entity && a.resource < b.resource)
+}
