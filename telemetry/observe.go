@@ -29,8 +29,8 @@ func (t *Telemetry) ObserveRules(stats func() descriptors.ReloadStats) error {
 }
 
 // ObserveDynamoDB reports the DynamoDB backend's running totals when
-// metrics are read: capacity consumed, lost write races, and the config
-// cache.
+// metrics are read: capacity consumed, lost write races, decisions that
+// needed no call or shared a write, and the config cache.
 func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 	m := t.meter
 	rcu, err1 := m.Float64ObservableCounter("sluice.dynamodb.read_capacity_units", metric.WithUnit("{unit}"),
@@ -45,7 +45,11 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		metric.WithDescription("Limit lookups that read the table."))
 	size, err6 := m.Int64ObservableGauge("sluice.config_cache.size", metric.WithUnit("{entry}"),
 		metric.WithDescription("Buckets whose limits the config cache holds."))
-	for _, err := range []error{err1, err2, err3, err4, err5, err6} {
+	local, err7 := m.Int64ObservableCounter("sluice.dynamodb.local_answers", metric.WithUnit("{decision}"),
+		metric.WithDescription("Decisions answered from the last bucket state this replica saw, without a DynamoDB call of their own."))
+	coalesced, err8 := m.Int64ObservableCounter("sluice.dynamodb.coalesced_decisions", metric.WithUnit("{decision}"),
+		metric.WithDescription("Decisions whose tokens were written by one write shared with another decision of the same bucket."))
+	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8} {
 		if err != nil {
 			return err
 		}
@@ -58,8 +62,10 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		o.ObserveInt64(hits, int64(s.CacheHits.Load()))
 		o.ObserveInt64(misses, int64(s.CacheMisses.Load()))
 		o.ObserveInt64(size, int64(b.ConfigCacheLen()))
+		o.ObserveInt64(local, int64(s.LocalAnswers.Load()))
+		o.ObserveInt64(coalesced, int64(s.Coalesced.Load()))
 		return nil
-	}, rcu, wcu, retries, hits, misses, size)
+	}, rcu, wcu, retries, hits, misses, size, local, coalesced)
 	return err
 }
 

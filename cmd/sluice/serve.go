@@ -40,6 +40,8 @@ type serveOptions struct {
 	onBackendError                string
 	ttlMultiplier                 int64
 	configCacheTTL                time.Duration
+	coalesceWrites                bool
+	denyStaleness                 time.Duration
 	memoryMaxBuckets              int
 	shadowMode                    bool
 	responseHeaders               bool
@@ -96,6 +98,8 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 	f.StringVar(&o.onBackendError, "on-backend-error", "error", "answer when the backend fails or is late: error (UNAVAILABLE), allow or deny")
 	f.Int64Var(&o.ttlMultiplier, "ttl-multiplier", backend.DefaultTTLMultiplier, "idle buckets expire after this many times their time to fill; <= 0 never")
 	f.DurationVar(&o.configCacheTTL, "config-cache-ttl", time.Minute, "dynamodb backend: how long limits read from the table are reused; a change reaches the replica within this time")
+	f.BoolVar(&o.coalesceWrites, "coalesce-writes", true, "dynamodb backend: decisions for a bucket that arrive while its write is in flight are decided together and written as one")
+	f.DurationVar(&o.denyStaleness, "deny-staleness", time.Second, "dynamodb backend: deny without calling DynamoDB from a bucket state seen at most this long ago; 0 turns it off")
 	f.IntVar(&o.memoryMaxBuckets, "memory-max-buckets", memory.DefaultMaxBuckets, "memory backend: most buckets held; least recently used go first")
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
 	f.BoolVar(&o.responseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to responses")
@@ -260,6 +264,12 @@ func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry) 
 		if o.overrides != "" {
 			return nil, usageError{errors.New("--overrides is for the memory backend; the dynamodb backend keeps its limits in the table")}
 		}
+		if o.configCacheTTL <= 0 {
+			return nil, usageError{fmt.Errorf("--config-cache-ttl %v: want a positive duration", o.configCacheTTL)}
+		}
+		if o.denyStaleness < 0 {
+			return nil, usageError{fmt.Errorf("--deny-staleness %v: want 0 (off) or a positive duration", o.denyStaleness)}
+		}
 		client, err := newDynamoDBClient(ctx, o.region, o.endpoint)
 		if err != nil {
 			return nil, err
@@ -269,11 +279,15 @@ func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry) 
 		if err := ddb.CheckTable(checkCtx, client, o.table); err != nil {
 			return nil, err
 		}
-		if o.configCacheTTL <= 0 {
-			return nil, usageError{fmt.Errorf("--config-cache-ttl %v: want a positive duration", o.configCacheTTL)}
+		opts := ddb.Options{Table: o.table, KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier,
+			ConfigCacheTTL: o.configCacheTTL, MaxDenyStaleness: o.denyStaleness, OnBucketWrite: tel.BucketWritten}
+		if !o.coalesceWrites {
+			opts.MaxBatch = 1
 		}
-		return ddb.New(tel.DynamoDB(client), ddb.Options{Table: o.table, KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier,
-			ConfigCacheTTL: o.configCacheTTL, OnBucketWrite: tel.BucketWritten})
+		if o.denyStaleness == 0 {
+			opts.MaxDenyStaleness = -1 // the backend's "always ask"
+		}
+		return ddb.New(tel.DynamoDB(client), opts)
 	}
 	return nil, usageError{fmt.Errorf("--backend %q: want memory or dynamodb", o.backend)}
 }
@@ -434,7 +448,8 @@ type configView struct {
 
 // dynamoDBView shows what the DynamoDB backend has cost so far: calls and
 // failed calls per operation, capacity units consumed, config cache use,
-// and writes that lost a race and were recomputed.
+// writes that lost a race and were recomputed, decisions answered without
+// a call, and decisions that shared another's write.
 type dynamoDBView struct {
 	Calls            map[string]uint64 `json:"calls"`
 	Errors           map[string]uint64 `json:"errors"`
@@ -443,6 +458,8 @@ type dynamoDBView struct {
 	CacheHits        uint64            `json:"config_cache_hits"`
 	CacheMisses      uint64            `json:"config_cache_misses"`
 	ConditionRetries uint64            `json:"condition_retries"`
+	LocalAnswers     uint64            `json:"local_answers"`
+	Coalesced        uint64            `json:"coalesced_decisions"`
 }
 
 type reloadView struct {
@@ -482,6 +499,7 @@ func describe(rules *descriptors.Watcher, svc *ratelimit.Service, be servedBacke
 			WriteUnits: float64(st.WriteMilliUnits.Load()) / 1000,
 			CacheHits:  st.CacheHits.Load(), CacheMisses: st.CacheMisses.Load(),
 			ConditionRetries: st.ConditionRetries.Load(),
+			LocalAnswers:     st.LocalAnswers.Load(), Coalesced: st.Coalesced.Load(),
 		}
 	}
 	for _, r := range cfg.Rules() {

@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-rl/sluice/backend"
+	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
 	"github.com/sluice-rl/sluice/descriptors"
 )
@@ -48,6 +49,7 @@ func testOptions(dir string) serveOptions {
 	return serveOptions{
 		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", debugAddr: "127.0.0.1:0",
 		configDir: dir, backend: "memory", onBackendError: "error", ttlMultiplier: 7, configCacheTTL: time.Minute, nearLimitRatio: 0.8,
+		coalesceWrites: true, denyStaleness: time.Second,
 		shutdownTimeout: 5 * time.Second, logLevel: "info", logFormat: "text",
 	}
 }
@@ -340,6 +342,8 @@ func TestServeOnDynamoDB(t *testing.T) {
 		`sluice_config_cache_hits_total{}`:                                                  got[`sluice_config_cache_hits_total{}`] == 2,
 		`sluice_config_cache_size{}`:                                                        got[`sluice_config_cache_size{}`] == 1,
 		`sluice_dynamodb_condition_retries_total{}`:                                         got[`sluice_dynamodb_condition_retries_total{}`] == 0,
+		`sluice_dynamodb_local_answers_total{}`:                                             got[`sluice_dynamodb_local_answers_total{}`] == 1,
+		`sluice_dynamodb_coalesced_decisions_total{}`:                                       got[`sluice_dynamodb_coalesced_decisions_total{}`] == 0,
 	} {
 		if !ok {
 			t.Errorf("%s = %v\n%s", k, got[k], raw)
@@ -465,5 +469,43 @@ func TestReadinessLatchesOnTheFirstAnswer(t *testing.T) {
 	s.shuttingDown.Store(true)
 	if err := s.ready(t.Context()); err == nil {
 		t.Error("ready while shutting down")
+	}
+}
+
+// --deny-staleness 0 makes every denial ask the table, and
+// --coalesce-writes=false, every decision write on its own; a negative
+// staleness is a usage error. (The defaults are covered by
+// TestServeOnDynamoDB: the denial there costs no call.)
+func TestServeDynamoDBCostFlags(t *testing.T) {
+	srv := dynamodbtest.Require(t)
+	awsEnv(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	table := dynamodbtest.TableName(t)
+	if out, code := sluice(t, "serve", "--backend", "dynamodb", "--table", table, "--config-dir", dir, "--deny-staleness", "-1s"); code != 2 || !strings.Contains(out, "--deny-staleness") {
+		t.Fatalf("negative --deny-staleness: exit %d\n%s", code, out)
+	}
+	if out, code := sluice(t, "table", "create", "--table", table, "--region", "us-east-1", "--endpoint", srv.Endpoint()); code != 0 {
+		t.Fatalf("table create: exit %d\n%s", code, out)
+	}
+	o := testOptions(dir)
+	o.backend, o.table, o.region, o.endpoint = "dynamodb", table, "us-east-1", srv.Endpoint()
+	o.denyStaleness, o.coalesceWrites = 0, false
+	s, _, _ := startTestServer(t, o)
+	args := []string{"check", "--addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.9.9.9"}
+	for i, want := range []string{"OK", "OK", "OVER_LIMIT", "OVER_LIMIT"} {
+		if out, code := sluice(t, args...); code != 0 || !strings.HasPrefix(out, want) {
+			t.Fatalf("check %d: exit %d, want %s\n%s", i, code, want, out)
+		}
+	}
+	got, raw := scrape(t, s)
+	if got[`sluice_backend_call_duration_seconds_count{backend=dynamodb,operation=GetItem}`] != 2 ||
+		got[`sluice_dynamodb_local_answers_total{}`] != 0 {
+		t.Fatalf("with --deny-staleness 0, want both denials read from the table and none answered locally\n%s", raw)
+	}
+	if d := s.backend.(*ddb.Backend); d.Stats().Coalesced.Load() != 0 {
+		t.Fatalf("coalesced %d decisions with --coalesce-writes=false", d.Stats().Coalesced.Load())
 	}
 }
