@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"net/http/httptest"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -9,6 +10,8 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/memory"
@@ -22,15 +25,15 @@ const benchConcurrency = 64
 
 // newMemory returns the Sluice service the benchmarks measure: RulesYAML
 // on a memory backend with the TTL rules `sluice serve` applies by
-// default, released when tb ends.
-func newMemory(tb testing.TB) (rlsv3.RateLimitServiceServer, []grpc.ServerOption) {
+// default, closed when tb ends.
+func newMemory(tb testing.TB) *MemoryService {
 	tb.Helper()
-	svc, opts, release, err := NewMemoryService(RulesYAML, memory.Options{TTLMultiplier: backend.DefaultTTLMultiplier})
+	m, err := NewMemoryService(RulesYAML, memory.Options{TTLMultiplier: backend.DefaultTTLMultiplier})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(release)
-	return svc, opts
+	tb.Cleanup(m.Close)
+	return m
 }
 
 // serve starts svc on loopback for the length of tb.
@@ -56,14 +59,14 @@ func serve(tb testing.TB, svc rlsv3.RateLimitServiceServer, opts ...grpc.ServerO
 func BenchmarkShouldRateLimit(b *testing.B) {
 	b.Run("noop", func(b *testing.B) { benchGRPC(b, NoopServer{}) })
 	b.Run("memory", func(b *testing.B) {
-		svc, opts := newMemory(b)
-		benchGRPC(b, svc, opts...)
+		m := newMemory(b)
+		benchGRPC(b, m.Service, m.ServerOptions...)
 	})
 }
 
 func benchGRPC(b *testing.B, svc rlsv3.RateLimitServiceServer, opts ...grpc.ServerOption) {
 	addr := serve(b, svc, opts...)
-	clients, closeConns, err := dial(addr, DefaultConns)
+	conns, closeConns, err := dial([]string{addr}, DefaultConns)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -74,8 +77,8 @@ func benchGRPC(b *testing.B, svc rlsv3.RateLimitServiceServer, opts ...grpc.Serv
 	}
 	req := reqs.reqs[0]
 	ctx := b.Context()
-	for _, c := range clients { // connect before the clock starts
-		if _, err := c.ShouldRateLimit(ctx, req); err != nil {
+	for _, c := range conns { // connect before the clock starts
+		if _, err := c.client.ShouldRateLimit(ctx, req); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -84,7 +87,7 @@ func benchGRPC(b *testing.B, svc rlsv3.RateLimitServiceServer, opts ...grpc.Serv
 	b.SetParallelism(max(1, benchConcurrency/runtime.GOMAXPROCS(0)))
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		c := clients[int(next.Add(1))%len(clients)]
+		c := conns[int(next.Add(1))%len(conns)].client
 		for pb.Next() {
 			resp, err := c.ShouldRateLimit(ctx, req)
 			if err != nil {
@@ -103,7 +106,7 @@ func benchGRPC(b *testing.B, svc rlsv3.RateLimitServiceServer, opts ...grpc.Serv
 // allocs/op is Sluice's own per call: validation, match, backend decision
 // and the response it builds.
 func BenchmarkServiceDecide(b *testing.B) {
-	svc, _ := newMemory(b)
+	svc := newMemory(b).Service
 	reqs, err := SingleKey().build()
 	if err != nil {
 		b.Fatal(err)
@@ -126,16 +129,17 @@ func BenchmarkServiceDecide(b *testing.B) {
 // against the memory server sends calls, gets no errors, and sees every
 // call answered OK under RulesYAML's huge limit.
 func TestRunMemory(t *testing.T) {
-	svc, opts := newMemory(t)
-	addr := serve(t, svc, opts...)
+	m := newMemory(t)
+	addr := serve(t, m.Service, m.ServerOptions...)
 	for _, w := range []Workload{
 		SingleKey(),
 		{Domain: Domain, Entries: []Entry{{Key, "u"}}, Dist: Uniform, Keys: 100},
 		{Domain: Domain, Entries: []Entry{{Key, "h"}}, Dist: Hot, Keys: 10, HotFraction: 0.5},
+		{Domain: Domain, Entries: []Entry{{Key, "z"}}, Dist: Zipf, Keys: 100},
 	} {
 		t.Run(w.Dist.String(), func(t *testing.T) {
 			r, err := Run(t.Context(), Config{
-				Addr: addr, Concurrency: 8, Conns: 2,
+				Addrs: []string{addr}, Concurrency: 8, Conns: 2,
 				Duration: 200 * time.Millisecond, Warmup: 20 * time.Millisecond,
 				Workload: w,
 			})
@@ -163,7 +167,7 @@ func TestRunMemory(t *testing.T) {
 // that many calls, well before its duration.
 func TestRunRequestBound(t *testing.T) {
 	addr := serve(t, NoopServer{})
-	r, err := Run(t.Context(), Config{Addr: addr, Concurrency: 4, Conns: 1, Duration: time.Minute, Requests: 300, Workload: SingleKey()})
+	r, err := Run(t.Context(), Config{Addrs: []string{addr}, Concurrency: 4, Conns: 1, Duration: time.Minute, Requests: 300, Workload: SingleKey()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +182,7 @@ func TestRunCancel(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	if _, err := Run(ctx, Config{Addr: addr, Concurrency: 2, Duration: time.Minute, Workload: SingleKey()}); err != nil {
+	if _, err := Run(ctx, Config{Addrs: []string{addr}, Concurrency: 2, Duration: time.Minute, Workload: SingleKey()}); err != nil {
 		t.Fatal(err)
 	}
 	if d := time.Since(start); d > 10*time.Second {
@@ -188,11 +192,11 @@ func TestRunCancel(t *testing.T) {
 
 func TestRunRejects(t *testing.T) {
 	for name, cfg := range map[string]Config{
-		"remote":      {Addr: "192.0.2.1:8081", Duration: time.Second, Workload: SingleKey()},
-		"no port":     {Addr: "127.0.0.1", Duration: time.Second, Workload: SingleKey()},
-		"no duration": {Addr: "127.0.0.1:1", Workload: SingleKey()},
-		"no domain":   {Addr: "127.0.0.1:1", Duration: time.Second, Workload: Workload{Entries: []Entry{{"k", "v"}}}},
-		"no entries":  {Addr: "127.0.0.1:1", Duration: time.Second, Workload: Workload{Domain: "d"}},
+		"remote":      {Addrs: []string{"192.0.2.1:8081"}, Duration: time.Second, Workload: SingleKey()},
+		"no port":     {Addrs: []string{"127.0.0.1"}, Duration: time.Second, Workload: SingleKey()},
+		"no duration": {Addrs: []string{"127.0.0.1:1"}, Workload: SingleKey()},
+		"no domain":   {Addrs: []string{"127.0.0.1:1"}, Duration: time.Second, Workload: Workload{Entries: []Entry{{"k", "v"}}}},
+		"no entries":  {Addrs: []string{"127.0.0.1:1"}, Duration: time.Second, Workload: Workload{Domain: "d"}},
 	} {
 		if _, err := Run(t.Context(), cfg); err == nil {
 			t.Errorf("%s: Run accepted %+v", name, cfg)
@@ -210,8 +214,120 @@ func TestRunUnreachable(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Run(t.Context(), Config{Addr: addr, Duration: time.Second, Grace: 200 * time.Millisecond, Workload: SingleKey()})
+	_, err = Run(t.Context(), Config{Addrs: []string{addr}, Duration: time.Second, Grace: 200 * time.Millisecond, Workload: SingleKey()})
 	if err == nil {
 		t.Fatal("Run against a stopped server succeeded")
+	}
+}
+
+// countingServer is the do-nothing server counting its calls.
+type countingServer struct {
+	NoopServer
+	calls atomic.Int64
+}
+
+func (s *countingServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	s.calls.Add(1)
+	return s.NoopServer.ShouldRateLimit(ctx, req)
+}
+
+// TestRunTargets checks that a run spreads its calls over every target,
+// about evenly, and counts every call a target answered.
+func TestRunTargets(t *testing.T) {
+	a, b := &countingServer{}, &countingServer{}
+	addrs := []string{serve(t, a), serve(t, b)}
+	r, err := Run(t.Context(), Config{Addrs: addrs, Concurrency: 8, Conns: 2, Duration: time.Minute, Requests: 600, Workload: SingleKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each connection's first call checks it: two per target.
+	na, nb := a.calls.Load()-2, b.calls.Load()-2
+	if r.Requests != 600 || r.OK != 600 || uint64(na+nb) != r.Requests {
+		t.Fatalf("%+v; targets answered %d and %d: want 600 calls, all OK, all counted", r, na, nb)
+	}
+	// Four workers per target, closed loops of the same speed.
+	if na < 150 || nb < 150 {
+		t.Fatalf("targets answered %d and %d of 600 calls: want both a fair share", na, nb)
+	}
+}
+
+// sleepyServer answers after a delay, or fails when the call's context
+// ends first, as a server behind a slow backend does.
+type sleepyServer struct {
+	NoopServer
+	delay time.Duration
+}
+
+func (s sleepyServer) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	select {
+	case <-time.After(s.delay):
+		return s.NoopServer.ShouldRateLimit(ctx, req)
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// TestRunTimeout checks that the per-call deadline is each call's own:
+// against a server slower than it, every call of the run fails with
+// DeadlineExceeded and is counted by that code.
+func TestRunTimeout(t *testing.T) {
+	addr := serve(t, sleepyServer{delay: 200 * time.Millisecond})
+	r, err := Run(t.Context(), Config{Addrs: []string{addr}, Concurrency: 4, Conns: 1, Duration: 150 * time.Millisecond,
+		Timeout: 10 * time.Millisecond, Workload: SingleKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fifteen 10ms deadlines fit in 150ms for each worker; a whole-run
+	// deadline would have given one slow answer each, or none.
+	if r.Requests < 4*5 || r.Errors != r.Requests || r.OK != 0 {
+		t.Fatalf("%+v: want many calls, all failed", r)
+	}
+	if n := r.ErrorCodes[codes.DeadlineExceeded]; n != r.Errors || len(r.ErrorCodes) != 1 {
+		t.Fatalf("errors by code %v of %d: want all DeadlineExceeded", r.ErrorCodes, r.Errors)
+	}
+}
+
+// TestRunMetrics drives Sluice (memory backend) with a served /metrics
+// page, the real one, and checks that the backend decisions the page
+// counted over the run are the calls answered in it: no more (the probe
+// and warmup calls are outside), no fewer.
+func TestRunMetrics(t *testing.T) {
+	m := newMemory(t)
+	addr := serve(t, m.Service, m.ServerOptions...)
+	page := httptest.NewServer(m.Metrics)
+	t.Cleanup(page.Close)
+	w := SingleKey()
+	w.Over, w.OverFraction = []Entry{{OverKey, "x"}}, 0.2
+	r, err := Run(t.Context(), Config{Addrs: []string{addr}, Metrics: []string{page.URL + "/metrics"}, Concurrency: 4, Conns: 1,
+		Duration: time.Minute, Requests: 500, Warmup: 20 * time.Millisecond, Workload: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := r.Usage
+	switch {
+	case u == nil:
+		t.Fatal("no usage with a metrics URL")
+	case r.Requests != 500 || r.Errors != 0:
+		t.Fatalf("%+v: want 500 calls, no errors", r)
+	case r.OverLimit == 0 || r.OK == 0:
+		t.Fatalf("%d OK, %d over limit: want both", r.OK, r.OverLimit)
+	case u.Pages != 1 || u.Decisions != float64(r.OK+r.OverLimit):
+		t.Fatalf("%d page(s), %v backend decisions; want 1 page, %d (the answered calls)", u.Pages, u.Decisions, r.OK+r.OverLimit)
+	case u.DynamoDBCalls != 0 || u.WriteUnits != nil || u.LocalAnswers != nil:
+		t.Fatalf("memory backend with DynamoDB usage: %+v", u)
+	}
+}
+
+func TestRunRejectsMetrics(t *testing.T) {
+	for name, cfg := range map[string]Config{
+		"remote metrics":   {Addrs: []string{"127.0.0.1:1"}, Metrics: []string{"http://192.0.2.1:8080/metrics"}, Duration: time.Second, Workload: SingleKey()},
+		"https metrics":    {Addrs: []string{"127.0.0.1:1"}, Metrics: []string{"https://127.0.0.1:8080/metrics"}, Duration: time.Second, Workload: SingleKey()},
+		"one remote":       {Addrs: []string{"127.0.0.1:1", "192.0.2.1:8081"}, Duration: time.Second, Workload: SingleKey()},
+		"negative timeout": {Addrs: []string{"127.0.0.1:1"}, Timeout: -time.Second, Duration: time.Second, Workload: SingleKey()},
+		"no target":        {Duration: time.Second, Workload: SingleKey()},
+	} {
+		if _, err := Run(t.Context(), cfg); err == nil {
+			t.Errorf("%s: Run accepted %+v", name, cfg)
+		}
 	}
 }

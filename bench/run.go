@@ -2,16 +2,19 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 )
 
 // Defaults for zero Config fields.
@@ -25,17 +28,20 @@ const (
 
 // Config describes one closed-loop load run: Concurrency workers, each
 // sending its next request as soon as the previous is answered, over
-// Conns gRPC connections, for Duration or Requests calls, whichever
-// ends first.
+// Conns gRPC connections to each of Addrs, for Duration or Requests
+// calls, whichever ends first.
 type Config struct {
-	// Addr is the target, host:port. The host must be a loopback address
-	// or "localhost": this is a benchmark tool, not a way to load someone
-	// else's service.
-	Addr string
+	// Addrs are the targets, host:port, such as the replicas of one
+	// fleet. Each host must be a loopback address or "localhost": this is
+	// a benchmark tool, not a way to load someone else's service.
+	Addrs []string
 	// Concurrency is the number of workers; zero means DefaultConcurrency.
 	Concurrency int
 	// Conns is the number of gRPC connections (each its own HTTP/2
-	// transport) the workers share round-robin; zero means DefaultConns.
+	// transport) per target; zero means DefaultConns. The connections to
+	// all targets are interleaved and the workers take them round-robin,
+	// so that each target gets an equal share of the workers (give or
+	// take one).
 	Conns int
 	// Duration bounds the measured run; it is required.
 	Duration time.Duration
@@ -47,6 +53,15 @@ type Config struct {
 	// Grace bounds how long in-flight calls may take once the run ends;
 	// zero means DefaultGrace.
 	Grace time.Duration
+	// Timeout, when positive, is the deadline of each call, as Envoy sets
+	// its filter's timeout (20ms by default) on each of its calls. A call
+	// past it fails with DeadlineExceeded.
+	Timeout time.Duration
+	// Metrics are URLs of Sluice's /metrics, one per replica, scraped
+	// right before and right after the measured run; Result.Usage is
+	// what the counters moved by in between. Like Addrs, they must be on
+	// loopback.
+	Metrics []string
 	// Workload is what the requests carry.
 	Workload Workload
 }
@@ -58,6 +73,8 @@ type Result struct {
 	// Errors counts failed calls (any gRPC error); FirstError is one.
 	Errors     uint64
 	FirstError error
+	// ErrorCodes counts the failed calls by gRPC code.
+	ErrorCodes map[codes.Code]uint64
 	// OK and OverLimit count answers by overall code.
 	OK, OverLimit uint64
 	// Elapsed runs from the first call to the last answer.
@@ -66,13 +83,16 @@ type Result struct {
 	Throughput float64
 	// Latency quantiles and maximum of the answered calls, within 1.6%.
 	P50, P99, P999, Max time.Duration
+	// Usage is what the backend did during the run, from Sluice's
+	// metrics; nil without Config.Metrics.
+	Usage *Usage
 }
 
-// Run dials cfg.Addr, checks that the target answers, and then drives the
+// Run dials every target, checks that each answers, and then drives the
 // load described by cfg, returning what was measured. An error means the
-// run could not start (bad config, nothing answering); failed calls during
-// the run are counted in the Result instead. Cancelling ctx ends the run
-// early.
+// run could not start (bad config, nothing answering) or its metrics
+// could not be read; failed calls during the run are counted in the
+// Result instead. Cancelling ctx ends the run early.
 func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err := cfg.check(); err != nil {
 		return Result{}, err
@@ -81,7 +101,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	clients, closeConns, err := dial(cfg.Addr, cfg.Conns)
+	conns, closeConns, err := dial(cfg.Addrs, cfg.Conns)
 	if err != nil {
 		return Result{}, err
 	}
@@ -91,17 +111,40 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	// made only of errors.
 	probeCtx, cancel := context.WithTimeout(ctx, cfg.Grace)
 	defer cancel()
-	for i, c := range clients {
-		if _, err := c.ShouldRateLimit(probeCtx, reqs.reqs[0], grpc.WaitForReady(true)); err != nil {
-			return Result{}, fmt.Errorf("first call on connection %d to %s: %w", i, cfg.Addr, err)
+	for i, c := range conns {
+		if _, err := c.client.ShouldRateLimit(probeCtx, reqs.reqs[0], grpc.WaitForReady(true)); err != nil {
+			return Result{}, fmt.Errorf("first call on connection %d to %s: %w", i, c.addr, err)
 		}
 	}
 	if cfg.Warmup > 0 {
 		warm := cfg
 		warm.Duration, warm.Requests = cfg.Warmup, 0
-		drive(ctx, warm, clients, reqs)
+		drive(ctx, warm, conns, reqs)
 	}
-	return drive(ctx, cfg, clients, reqs), nil
+	var sc *scraper
+	var before Snapshot
+	if len(cfg.Metrics) > 0 {
+		sc = newScraper(cfg.Metrics)
+		// No call is in flight now (drive returns when all are
+		// answered), so the two scrapes bracket the measured calls
+		// exactly.
+		if before, err = sc.scrape(ctx); err != nil {
+			return Result{}, fmt.Errorf("before the run: %w", err)
+		}
+	}
+	r := drive(ctx, cfg, conns, reqs)
+	if sc != nil {
+		// The run's context may have ended the run; the last scrape still
+		// has to happen for the result to mean anything.
+		after, err := sc.scrape(context.WithoutCancel(ctx))
+		if err != nil {
+			return r, fmt.Errorf("after the run: %w", err)
+		}
+		u := after.Sub(before).Usage(r.OK, r.OverLimit)
+		u.Pages = len(cfg.Metrics)
+		r.Usage = &u
+	}
+	return r, nil
 }
 
 // check validates cfg and fills in the defaults.
@@ -116,6 +159,8 @@ func (cfg *Config) check() error {
 		cfg.Grace = DefaultGrace
 	}
 	switch {
+	case len(cfg.Addrs) == 0:
+		return errors.New("no target address")
 	case cfg.Concurrency < 0:
 		return fmt.Errorf("concurrency %d: want at least 1", cfg.Concurrency)
 	case cfg.Conns < 0:
@@ -126,62 +171,129 @@ func (cfg *Config) check() error {
 		return fmt.Errorf("requests %d: want 0 (no count bound) or more", cfg.Requests)
 	case cfg.Grace < 0:
 		return fmt.Errorf("grace %v: want a positive duration", cfg.Grace)
+	case cfg.Timeout < 0:
+		return fmt.Errorf("timeout %v: want 0 (none) or a positive duration", cfg.Timeout)
 	}
-	return checkLoopback(cfg.Addr)
+	for _, addr := range cfg.Addrs {
+		if err := checkLoopbackAddr(addr); err != nil {
+			return err
+		}
+	}
+	for _, u := range cfg.Metrics {
+		if err := checkMetricsURL(u); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// checkLoopback accepts host:port whose host is "localhost" or a loopback
-// IP address.
-func checkLoopback(addr string) error {
+// checkLoopbackAddr accepts host:port whose host is loopback.
+func checkLoopbackAddr(addr string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("address %q: %w", addr, err)
 	}
-	if host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+	if !isLoopback(host) {
 		return fmt.Errorf("address %q: only loopback targets (127.0.0.0/8, ::1, localhost) are allowed", addr)
 	}
 	return nil
 }
 
-// dial opens n independent client connections to addr.
-func dial(addr string, n int) ([]rlsv3.RateLimitServiceClient, func(), error) {
-	conns := make([]*grpc.ClientConn, 0, n)
+// isLoopback reports whether host is "localhost" or a loopback IP address.
+func isLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// conn is one client connection and the target it goes to.
+type conn struct {
+	addr   string
+	client rlsv3.RateLimitServiceClient
+}
+
+// dial opens n independent client connections to each of addrs,
+// interleaved: connection i goes to addrs[i%len(addrs)].
+func dial(addrs []string, n int) ([]conn, func(), error) {
+	ccs := make([]*grpc.ClientConn, 0, n*len(addrs))
 	closeAll := func() {
-		for _, c := range conns {
+		for _, c := range ccs {
 			_ = c.Close()
 		}
 	}
-	clients := make([]rlsv3.RateLimitServiceClient, n)
-	for i := range n {
-		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conns := make([]conn, n*len(addrs))
+	for i := range conns {
+		addr := addrs[i%len(addrs)]
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			closeAll()
 			return nil, nil, fmt.Errorf("dial %s: %w", addr, err)
 		}
-		conns = append(conns, c)
-		clients[i] = rlsv3.NewRateLimitServiceClient(c)
+		ccs = append(ccs, cc)
+		conns[i] = conn{addr: addr, client: rlsv3.NewRateLimitServiceClient(cc)}
 	}
-	return clients, closeAll, nil
+	return conns, closeAll, nil
 }
+
+// numCodes bounds the gRPC codes counted one by one; any other code
+// counts as Unknown.
+const numCodes = int(codes.Unauthenticated) + 1
 
 // tally is one worker's counts. Each worker owns one, so the hot loop
 // shares nothing but the optional request budget.
 type tally struct {
 	requests, errors, ok, over uint64
+	codes                      [numCodes]uint64
 	firstErr                   error
 	hist                       histogram
 }
 
+func (t *tally) failed(err error) {
+	t.errors++
+	if t.firstErr == nil {
+		t.firstErr = err
+	}
+	c := status.Code(err)
+	if int(c) >= numCodes {
+		c = codes.Unknown
+	}
+	t.codes[c]++
+}
+
+// call makes one call, with its own deadline when timeout is positive,
+// and counts its outcome.
+func (t *tally) call(ctx context.Context, client rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest, timeout time.Duration) {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	t0 := time.Now()
+	resp, err := client.ShouldRateLimit(ctx, req)
+	lat := time.Since(t0)
+	t.requests++
+	if err != nil {
+		t.failed(err)
+		return
+	}
+	t.hist.record(lat)
+	switch resp.GetOverallCode() {
+	case rlsv3.RateLimitResponse_OK:
+		t.ok++
+	case rlsv3.RateLimitResponse_OVER_LIMIT:
+		t.over++
+	}
+}
+
 // drive runs the load of cfg and measures it.
-func drive(ctx context.Context, cfg Config, clients []rlsv3.RateLimitServiceClient, reqs *requestSet) Result {
+func drive(ctx context.Context, cfg Config, conns []conn, reqs *requestSet) Result {
 	// Calls run under a context that outlives the run by the grace period,
 	// so the calls in flight when it ends are answered (and counted), not
-	// cancelled; one deadline for the whole run rather than one per call
-	// keeps timers out of the hot loop.
-	callCtx, cancel := context.WithTimeout(ctx, cfg.Duration+cfg.Grace)
+	// cancelled. Without a per-call timeout, one deadline for the whole
+	// run keeps timers out of the hot loop.
+	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration+cfg.Grace)
 	defer cancel()
 	var budget atomic.Int64
 	budget.Store(cfg.Requests)
@@ -199,31 +311,13 @@ func drive(ctx context.Context, cfg Config, clients []rlsv3.RateLimitServiceClie
 	for w := range tallies {
 		wg.Go(func() {
 			t := &tallies[w]
-			client := clients[w%len(clients)]
-			rng := rand.New(rand.NewPCG(uint64(w), 0x5eed))
+			client := conns[w%len(conns)].client
+			p := reqs.picker(uint64(w))
 			for !stop.Load() {
 				if cfg.Requests > 0 && budget.Add(-1) < 0 {
 					return
 				}
-				req := reqs.pick(rng)
-				t0 := time.Now()
-				resp, err := client.ShouldRateLimit(callCtx, req)
-				lat := time.Since(t0)
-				t.requests++
-				if err != nil {
-					t.errors++
-					if t.firstErr == nil {
-						t.firstErr = err
-					}
-					continue
-				}
-				t.hist.record(lat)
-				switch resp.GetOverallCode() {
-				case rlsv3.RateLimitResponse_OK:
-					t.ok++
-				case rlsv3.RateLimitResponse_OVER_LIMIT:
-					t.over++
-				}
+				t.call(runCtx, client, p.next(), cfg.Timeout)
 			}
 		})
 	}
@@ -232,6 +326,7 @@ func drive(ctx context.Context, cfg Config, clients []rlsv3.RateLimitServiceClie
 
 	r := Result{Elapsed: elapsed}
 	var hist histogram
+	var byCode [numCodes]uint64
 	for i := range tallies {
 		t := &tallies[i]
 		r.Requests += t.requests
@@ -241,7 +336,18 @@ func drive(ctx context.Context, cfg Config, clients []rlsv3.RateLimitServiceClie
 		if r.FirstError == nil {
 			r.FirstError = t.firstErr
 		}
+		for c, n := range t.codes {
+			byCode[c] += n
+		}
 		hist.merge(&t.hist)
+	}
+	if r.Errors > 0 {
+		r.ErrorCodes = make(map[codes.Code]uint64)
+		for c, n := range byCode {
+			if n > 0 {
+				r.ErrorCodes[codes.Code(c)] = n
+			}
+		}
 	}
 	r.Throughput = float64(r.Requests-r.Errors) / elapsed.Seconds()
 	r.P50, r.P99, r.P999 = hist.quantile(0.50), hist.quantile(0.99), hist.quantile(0.999)

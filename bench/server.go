@@ -1,8 +1,12 @@
-// Package bench measures Sluice's ShouldRateLimit against a do-nothing
-// baseline on the same gRPC stack. It holds the pieces the benchmarks of
-// this package and the sluice-bench command share: the baseline server, a
-// loopback gRPC server for any RateLimitService, a Sluice service on the
-// memory backend with a benchmark config, and a closed-loop load driver.
+// Package bench measures Sluice's ShouldRateLimit: against a do-nothing
+// baseline on the same gRPC stack, or as a running fleet of replicas
+// does it, with what it costs the backend. It holds the pieces the
+// benchmarks of this package and the sluice-bench command share: the
+// baseline server, a loopback gRPC server for any RateLimitService, a
+// Sluice service on the memory backend with the benchmark rules, a
+// closed-loop load driver over one or more targets, and a reader of
+// Sluice's /metrics that turns the counters' change over a run into
+// DynamoDB calls and capacity per decision.
 //
 // The point of the baseline is to subtract what is not Sluice: both sides
 // are registered with ratelimit.Register on a default grpc.Server, so they
@@ -12,9 +16,11 @@ package bench
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -25,24 +31,27 @@ import (
 	"github.com/sluice-rl/sluice/telemetry"
 )
 
-// Domain and Key name the domain and descriptor key of RulesYAML.
+// Domain and the keys name the domain and descriptor keys of RulesYAML.
 const (
 	Domain = "bench"
-	Key    = "bench_key"
+	// Key has a limit so high that no run exhausts it.
+	Key = "bench_key"
+	// OverKey has a limit of one call an hour: the over-limit descriptor.
+	OverKey = "bench_over"
+	// HotKey has a finite limit, 2000/s, for accuracy runs.
+	HotKey = "bench_hot"
 )
 
-// RulesYAML is the mapping config the benchmarks load. Its one rule takes
-// any value of bench_key (one bucket per value) with a limit so high that
-// no benchmark exhausts it: every request goes through the whole decision
-// path (match, resolve, bucket arithmetic, a limited status) and is
-// allowed, so the measurement is not of the cheaper denial path.
-const RulesYAML = `domain: bench
-descriptors:
-  - key: bench_key
-    limits:
-      - name: bench
-        rate: 1000000000/s
-`
+// RulesYAML is the mapping config the benchmarks load, and the file
+// bench/fleet.sh serves, embedded so that the two cannot drift apart. Its
+// rule for Key takes any value (one bucket per value) with a limit so
+// high that no benchmark exhausts it: every request goes through the
+// whole decision path (match, resolve, bucket arithmetic, a limited
+// status) and is allowed, so the measurement is not of the cheaper denial
+// path. OverKey and HotKey are for the over-limit and accuracy runs.
+//
+//go:embed rules/bench.yaml
+var RulesYAML string
 
 // NoopServer is the do-nothing baseline: it answers OK with one OK status
 // per descriptor and does nothing else. It builds the same response shape
@@ -88,26 +97,43 @@ type staticRules struct{ cfg *descriptors.Config }
 
 func (r staticRules) Current() *descriptors.Config { return r.cfg }
 
+// MemoryService is a Sluice service on the memory backend, with what
+// `sluice serve` puts around it.
+type MemoryService struct {
+	Service *ratelimit.Service
+	// ServerOptions are the gRPC server options serve adds.
+	ServerOptions []grpc.ServerOption
+	// Metrics serves the service's metrics in the Prometheus text format,
+	// as /metrics on serve's --http-addr does.
+	Metrics http.Handler
+	release func()
+}
+
+// Close frees the backend and the telemetry.
+func (m *MemoryService) Close() { m.release() }
+
 // NewMemoryService returns a Sluice service as `sluice serve` builds it
 // on the memory backend: rulesYAML (one file's content), a fresh backend
 // made with opts, and telemetry as serve has it by default (metrics on,
-// no traces, as without --otlp-endpoint), with the gRPC server options serve
-// adds. release frees the backend and the telemetry.
-func NewMemoryService(rulesYAML string, opts memory.Options) (svc *ratelimit.Service, serverOpts []grpc.ServerOption, release func(), err error) {
+// no traces, as without --otlp-endpoint).
+func NewMemoryService(rulesYAML string, opts memory.Options) (*MemoryService, error) {
 	cfg, err := descriptors.Parse(map[string][]byte{"bench.yaml": []byte(rulesYAML)})
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("parse benchmark rules: %w", err)
+		return nil, fmt.Errorf("parse benchmark rules: %w", err)
 	}
 	tel, err := telemetry.New(context.Background(), telemetry.Options{TraceSampling: 0.01})
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, fmt.Errorf("telemetry: %w", err)
 	}
 	opts.OnBucketWrite = tel.BucketWritten
 	be := memory.New(opts)
-	svc = ratelimit.New(staticRules{cfg}, tel.Backend("memory", be), ratelimit.Options{Observer: tel})
-	release = func() {
-		_ = be.Close()
-		_ = tel.Shutdown(context.Background())
-	}
-	return svc, tel.GRPCServerOptions(), release, nil
+	return &MemoryService{
+		Service:       ratelimit.New(staticRules{cfg}, tel.Backend("memory", be), ratelimit.Options{Observer: tel}),
+		ServerOptions: tel.GRPCServerOptions(),
+		Metrics:       tel.MetricsHandler(),
+		release: func() {
+			_ = be.Close()
+			_ = tel.Shutdown(context.Background())
+		},
+	}, nil
 }

@@ -10,22 +10,28 @@
 // first in even ones) so that drift in a noisy machine's speed does not
 // favour one side.
 //
-// With -addr it drives an already running Sluice (such as `sluice serve`)
-// instead, with the domain and descriptor given, and prints the result.
-// Only loopback targets are accepted.
+// With -addr it drives an already running Sluice (such as `sluice serve`,
+// or several replicas of it sharing one DynamoDB table) instead, with the
+// domain and descriptor given, and prints the result. With -metrics it
+// also reads the replicas' /metrics before and after the run and reports
+// what the backend did: decisions, DynamoDB calls, capacity units, and
+// those per decision. Only loopback targets are accepted.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -42,15 +48,20 @@ func main() {
 
 // options are the command line.
 type options struct {
-	addr, domain           string
-	entries                []bench.Entry
+	args                   []string
+	addrs, metrics         []string
+	domain                 string
+	entries, over          []bench.Entry
+	overLimit              float64
 	rounds                 int
 	concurrency, conns     int
 	keys                   int
 	dist                   bench.Distribution
-	hot                    float64
+	hot, zipfS             float64
 	duration, warmup       time.Duration
+	timeout                time.Duration
 	requests               int64
+	json                   bool
 	cpuProfile, memProfile string
 }
 
@@ -65,53 +76,91 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sluice-bench:", err)
 		return 2
 	}
-	if err := o.execute(ctx, stdout); err != nil {
+	out := output{text: stdout}
+	if o.json {
+		// stdout carries only the records, for a script; the report
+		// stays readable on the terminal.
+		out = output{text: stderr, json: json.NewEncoder(stdout)}
+	}
+	if err := o.execute(ctx, out); err != nil {
 		fmt.Fprintln(stderr, "sluice-bench:", err)
 		return 1
 	}
 	return 0
 }
 
+// output is where the report goes: text always, and with -json one JSON
+// record per run.
+type output struct {
+	text io.Writer
+	json *json.Encoder
+}
+
+// entryFlag appends key=value entries to *dst.
+func entryFlag(dst *[]bench.Entry) func(string) error {
+	return func(s string) error {
+		e, err := bench.ParseEntry(s)
+		if err == nil {
+			*dst = append(*dst, e)
+		}
+		return err
+	}
+}
+
+// listFlag sets *dst to a comma-separated list.
+func listFlag(dst *[]string) func(string) error {
+	return func(s string) error {
+		*dst = nil
+		for part := range strings.SplitSeq(s, ",") {
+			if part = strings.TrimSpace(part); part == "" {
+				return fmt.Errorf("empty item in list %q", s)
+			}
+			*dst = append(*dst, part)
+		}
+		return nil
+	}
+}
+
 func parseFlags(args []string, stderr io.Writer) (options, error) {
-	o := options{dist: bench.Fixed}
+	o := options{args: args, dist: bench.Fixed}
 	fs := flag.NewFlagSet("sluice-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage:
   sluice-bench [flags]              compare a do-nothing server and Sluice (memory backend), in process
-  sluice-bench -addr HOST:PORT -domain D -descriptor K=V [flags]
-                                    drive a running Sluice on loopback
+  sluice-bench -addr HOST:PORT[,HOST:PORT...] -domain D -descriptor K=V [-metrics URL[,URL...]] [flags]
+                                    drive a running Sluice (one or more replicas) on loopback
 
-Each round is a closed loop: -concurrency workers over -conns gRPC
-connections, each sending its next ShouldRateLimit call as soon as the last
-is answered, for -duration after -warmup.
+Each run is a closed loop: -concurrency workers over -conns gRPC
+connections per target, each sending its next ShouldRateLimit call as soon
+as the last is answered, for -duration after -warmup.
 
 Flags:
 `)
 		fs.PrintDefaults()
 	}
-	fs.StringVar(&o.addr, "addr", "", "drive the Sluice at this loopback `host:port` instead of comparing in process")
+	fs.Func("addr", "drive the Sluice replicas at these loopback `host:port`s (comma-separated) instead of comparing in process", listFlag(&o.addrs))
+	fs.Func("metrics", "with -addr: the replicas' loopback /metrics `URLs` (comma-separated), read before and after the run", listFlag(&o.metrics))
 	fs.StringVar(&o.domain, "domain", "", "with -addr: the request domain")
-	fs.Func("descriptor", "with -addr: a `key=value` entry of the one descriptor sent; repeat for more entries, in order", func(s string) error {
-		e, err := bench.ParseEntry(s)
-		if err == nil {
-			o.entries = append(o.entries, e)
-		}
-		return err
-	})
+	fs.Func("descriptor", "with -addr: a `key=value` entry of the one descriptor sent; repeat for more entries, in order", entryFlag(&o.entries))
+	fs.Func("over-descriptor", "a `key=value` entry of the descriptor the -over-limit share of calls carries instead; repeat for more entries (compare mode: "+bench.OverKey+"=x)", entryFlag(&o.over))
+	fs.Float64Var(&o.overLimit, "over-limit", 0, "share of calls, 0 to 1, that carry -over-descriptor, which the rules give a tiny limit")
 	fs.IntVar(&o.rounds, "rounds", 5, "compare mode: rounds, each running both servers")
 	fs.IntVar(&o.concurrency, "concurrency", bench.DefaultConcurrency, "concurrent callers (goroutines)")
-	fs.IntVar(&o.conns, "conns", bench.DefaultConns, "gRPC connections the callers share")
+	fs.IntVar(&o.conns, "conns", bench.DefaultConns, "gRPC connections per target; the callers take all of them round-robin")
 	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measured time per run (per server per round)")
 	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured load before each run; 0 for none")
+	fs.DurationVar(&o.timeout, "timeout", 0, "deadline of each call, as Envoy's filter timeout (20ms by default); 0 for none")
 	fs.Int64Var(&o.requests, "requests", 0, "also end each run after this many calls; 0 for no count bound")
 	fs.IntVar(&o.keys, "keys", 1, "distinct descriptor values (the last entry's value gets -0, -1, ... appended); with 1, one fixed value")
-	fs.Func("dist", "how calls spread over -keys: `fixed|uniform|hot` (default fixed, uniform when -keys > 1)", func(s string) error {
+	fs.Func("dist", "how calls spread over -keys: `fixed|uniform|hot|zipf` (default fixed, uniform when -keys > 1)", func(s string) error {
 		d, err := bench.ParseDistribution(s)
 		o.dist = d
 		return err
 	})
 	fs.Float64Var(&o.hot, "hot", bench.DefaultHotFraction, "with -dist hot: share of calls sent to the hot key")
+	fs.Float64Var(&o.zipfS, "zipf-s", bench.DefaultZipfS, "with -dist zipf: the exponent s, above 1; key k (k = 1 the hottest) gets calls in proportion to k^-s")
+	fs.BoolVar(&o.json, "json", false, "print one JSON object per run on stdout (the report goes to stderr)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to `file`")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile at the end to `file`")
 	if err := fs.Parse(args); err != nil {
@@ -122,14 +171,17 @@ Flags:
 	if !set["dist"] && o.keys > 1 {
 		o.dist = bench.Uniform
 	}
+	driving := len(o.addrs) > 0
 	switch {
 	case fs.NArg() > 0:
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
-	case o.addr != "" && (o.domain == "" || len(o.entries) == 0):
+	case driving && (o.domain == "" || len(o.entries) == 0):
 		return o, errors.New("-addr needs -domain and at least one -descriptor key=value")
-	case o.addr == "" && (set["domain"] || set["descriptor"]):
-		return o, errors.New("-domain and -descriptor go with -addr; compare mode sends its own benchmark rules' descriptor")
-	case o.addr != "" && set["rounds"]:
+	case !driving && (set["domain"] || set["descriptor"] || set["over-descriptor"]):
+		return o, errors.New("-domain, -descriptor and -over-descriptor go with -addr; compare mode sends its own benchmark rules' descriptors")
+	case !driving && set["metrics"]:
+		return o, errors.New("-metrics goes with -addr")
+	case driving && set["rounds"]:
 		return o, errors.New("-rounds is for compare mode; with -addr there is one run")
 	case o.rounds < 1:
 		return o, fmt.Errorf("-rounds %d: want at least 1", o.rounds)
@@ -137,13 +189,24 @@ Flags:
 		return o, errors.New("-concurrency, -conns and -keys must be at least 1")
 	case o.duration <= 0:
 		return o, fmt.Errorf("-duration %v: want a positive duration", o.duration)
+	case o.timeout < 0:
+		return o, fmt.Errorf("-timeout %v: want 0 (none) or a positive duration", o.timeout)
 	case o.hot < 0 || o.hot > 1:
 		return o, fmt.Errorf("-hot %v: want a share from 0 to 1", o.hot)
+	case !(o.zipfS > 1):
+		return o, fmt.Errorf("-zipf-s %v: want an exponent above 1", o.zipfS)
+	case !(o.overLimit >= 0 && o.overLimit <= 1):
+		return o, fmt.Errorf("-over-limit %v: want a share from 0 to 1", o.overLimit)
+	case driving && o.overLimit > 0 && len(o.over) == 0:
+		return o, errors.New("-over-limit needs -over-descriptor key=value: a descriptor the rules give a tiny limit")
+	}
+	if !driving && o.overLimit > 0 {
+		o.over = []bench.Entry{{Key: bench.OverKey, Value: "x"}}
 	}
 	return o, nil
 }
 
-func (o options) execute(ctx context.Context, w io.Writer) (err error) {
+func (o options) execute(ctx context.Context, out output) (err error) {
 	if o.cpuProfile != "" {
 		f, err := os.Create(o.cpuProfile)
 		if err != nil {
@@ -155,10 +218,10 @@ func (o options) execute(ctx context.Context, w io.Writer) (err error) {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if o.addr != "" {
-		err = o.drive(ctx, w)
+	if len(o.addrs) > 0 {
+		err = o.drive(ctx, out)
 	} else {
-		err = o.compare(ctx, w)
+		err = o.compare(ctx, out)
 	}
 	if err == nil && o.memProfile != "" {
 		err = writeHeapProfile(o.memProfile)
@@ -181,19 +244,33 @@ func writeHeapProfile(path string) error {
 	return nil
 }
 
-// config is the load of one run against addr.
-func (o options) config(addr string, w bench.Workload) bench.Config {
-	w.Dist, w.Keys, w.HotFraction = o.dist, o.keys, o.hot
+// config is the load of one run against addrs.
+func (o options) config(addrs, metrics []string, w bench.Workload) bench.Config {
+	w.Dist, w.Keys, w.HotFraction, w.ZipfS = o.dist, o.keys, o.hot, o.zipfS
+	w.Over, w.OverFraction = o.over, o.overLimit
 	return bench.Config{
-		Addr: addr, Concurrency: o.concurrency, Conns: o.conns,
-		Duration: o.duration, Requests: o.requests, Warmup: o.warmup,
+		Addrs: addrs, Metrics: metrics, Concurrency: o.concurrency, Conns: o.conns,
+		Duration: o.duration, Requests: o.requests, Warmup: o.warmup, Timeout: o.timeout,
 		Workload: w,
 	}
 }
 
 func (o options) describe(w io.Writer) {
-	fmt.Fprintf(w, "load: concurrency %d, %d conns, %v per run after %v warmup, keys %d (%v)",
+	fmt.Fprintf(w, "load: concurrency %d, %d conns per target, %v per run after %v warmup, keys %d (%v",
 		o.concurrency, o.conns, o.duration, o.warmup, o.keys, o.dist)
+	switch o.dist {
+	case bench.Hot:
+		fmt.Fprintf(w, " %g", o.hot)
+	case bench.Zipf:
+		fmt.Fprintf(w, " s=%g", o.zipfS)
+	}
+	fmt.Fprint(w, ")")
+	if o.overLimit > 0 {
+		fmt.Fprintf(w, ", %g over limit (%s)", o.overLimit, strings.Join(entries(o.over), ","))
+	}
+	if o.timeout > 0 {
+		fmt.Fprintf(w, ", %v per-call timeout", o.timeout)
+	}
 	if o.requests > 0 {
 		fmt.Fprintf(w, ", at most %d calls per run", o.requests)
 	}
@@ -201,20 +278,34 @@ func (o options) describe(w io.Writer) {
 		runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version())
 }
 
-// drive runs the load once against a running service.
-func (o options) drive(ctx context.Context, w io.Writer) error {
+// drive runs the load once against running replicas.
+func (o options) drive(ctx context.Context, out output) error {
+	w := out.text
 	o.describe(w)
-	fmt.Fprintf(w, "target: %s, domain %q, descriptor %v\n\n", o.addr, o.domain, o.entries)
-	r, err := bench.Run(ctx, o.config(o.addr, bench.Workload{Domain: o.domain, Entries: o.entries}))
+	fmt.Fprintf(w, "target: %s, domain %q, descriptor %s\n", strings.Join(o.addrs, ", "), o.domain, strings.Join(entries(o.entries), ","))
+	if len(o.metrics) > 0 {
+		fmt.Fprintf(w, "metrics from: %s\n", strings.Join(o.metrics, ", "))
+	}
+	fmt.Fprintln(w)
+	start := time.Now()
+	r, err := bench.Run(ctx, o.config(o.addrs, o.metrics, bench.Workload{Domain: o.domain, Entries: o.entries}))
+	if err != nil && r.Requests == 0 {
+		return err
+	}
+	// When only the last scrape failed, the load was still measured:
+	// show it, but write no record, which would lack the metrics asked
+	// for.
+	header(w)
+	row(w, "-", "sluice", r)
+	errorSummary(w, "", r)
 	if err != nil {
 		return err
 	}
-	header(w)
-	row(w, "-", "sluice", r)
-	if r.Errors > 0 {
-		fmt.Fprintf(w, "first error: %v\n", r.FirstError)
+	if r.Usage != nil {
+		fmt.Fprintln(w)
+		usage(w, r, *r.Usage)
 	}
-	return nil
+	return o.record(out, start, 0, "sluice", r)
 }
 
 // target is one server of the comparison.
@@ -225,7 +316,7 @@ type target struct {
 }
 
 // compare runs the rounds against both in-process servers.
-func (o options) compare(ctx context.Context, w io.Writer) error {
+func (o options) compare(ctx context.Context, out output) error {
 	noopAddr, stopNoop, err := bench.Serve(bench.NoopServer{})
 	if err != nil {
 		return err
@@ -233,30 +324,32 @@ func (o options) compare(ctx context.Context, w io.Writer) error {
 	defer stopNoop()
 	// The TTL rules and telemetry `sluice serve` has by default, so that
 	// the memory side does the work it does in production.
-	svc, serverOpts, release, err := bench.NewMemoryService(bench.RulesYAML, memory.Options{TTLMultiplier: backend.DefaultTTLMultiplier})
+	mem, err := bench.NewMemoryService(bench.RulesYAML, memory.Options{TTLMultiplier: backend.DefaultTTLMultiplier})
 	if err != nil {
 		return err
 	}
-	defer release()
-	memAddr, stopMem, err := bench.Serve(svc, serverOpts...)
+	defer mem.Close()
+	memAddr, stopMem, err := bench.Serve(mem.Service, mem.ServerOptions...)
 	if err != nil {
 		return err
 	}
 	defer stopMem()
 
-	noop := &target{name: "noop", addr: noopAddr}
-	mem := &target{name: "memory", addr: memAddr}
+	noopT := &target{name: "noop", addr: noopAddr}
+	memT := &target{name: "memory", addr: memAddr}
+	w := out.text
 	o.describe(w)
 	fmt.Fprintf(w, "compare: %d rounds; noop at %s, memory (Sluice) at %s\n\n", o.rounds, noopAddr, memAddr)
 	header(w)
 	ratios := make([]float64, 0, o.rounds)
 	for round := 1; round <= o.rounds; round++ {
-		order := []*target{noop, mem}
+		order := []*target{noopT, memT}
 		if round%2 == 0 {
-			order = []*target{mem, noop}
+			order = []*target{memT, noopT}
 		}
 		for _, t := range order {
-			r, err := bench.Run(ctx, o.config(t.addr, bench.SingleKey()))
+			start := time.Now()
+			r, err := bench.Run(ctx, o.config([]string{t.addr}, nil, bench.SingleKey()))
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", round, t.name, err)
 			}
@@ -265,16 +358,17 @@ func (o options) compare(ctx context.Context, w io.Writer) error {
 			}
 			t.results = append(t.results, r)
 			row(w, fmt.Sprint(round), t.name, r)
-			if r.Errors > 0 {
-				fmt.Fprintf(w, "  %d errors, first: %v\n", r.Errors, r.FirstError)
+			errorSummary(w, "  ", r)
+			if err := o.record(out, start, round, t.name, r); err != nil {
+				return err
 			}
 		}
-		ratios = append(ratios, mem.results[round-1].Throughput/noop.results[round-1].Throughput)
+		ratios = append(ratios, memT.results[round-1].Throughput/noopT.results[round-1].Throughput)
 	}
 
 	fmt.Fprintf(w, "\nmedians over %d rounds:\n", o.rounds)
 	fmt.Fprintf(w, "%-8s %12s %10s %10s %10s\n", "server", "req/s", "p50", "p99", "p999")
-	for _, t := range []*target{noop, mem} {
+	for _, t := range []*target{noopT, memT} {
 		fmt.Fprintf(w, "%-8s %12.0f %10s %10s %10s\n", t.name,
 			median(t.results, func(r bench.Result) float64 { return r.Throughput }),
 			micros(median(t.results, func(r bench.Result) float64 { return float64(r.P50) })),
@@ -282,7 +376,7 @@ func (o options) compare(ctx context.Context, w io.Writer) error {
 			micros(median(t.results, func(r bench.Result) float64 { return float64(r.P999) })))
 	}
 	thr := func(r bench.Result) float64 { return r.Throughput }
-	ratio := median(mem.results, thr) / median(noop.results, thr)
+	ratio := median(memT.results, thr) / median(noopT.results, thr)
 	fmt.Fprintf(w, "\nper-round throughput ratio memory/noop: %s (median %.3f)\n",
 		formatRatios(ratios), median(ratios, func(f float64) float64 { return f }))
 	fmt.Fprintf(w, "ratio of median throughputs memory/noop: %.3f (requirement: at least 0.80)\n", ratio)
@@ -299,6 +393,172 @@ func row(w io.Writer, round, name string, r bench.Result) {
 		round, name, r.Requests, r.Errors, r.OK, r.OverLimit, r.Throughput,
 		micros(float64(r.P50)), micros(float64(r.P99)), micros(float64(r.P999)), micros(float64(r.Max)))
 }
+
+// errorSummary prints the errors of r by gRPC code, and one of them.
+func errorSummary(w io.Writer, indent string, r bench.Result) {
+	if r.Errors == 0 {
+		return
+	}
+	fmt.Fprintf(w, "%s%d errors (%s), first: %v\n", indent, r.Errors, formatCounts(errorCodes(r)), r.FirstError)
+}
+
+// errorCodes are r's errors by the name of their gRPC code.
+func errorCodes(r bench.Result) map[string]uint64 {
+	m := make(map[string]uint64, len(r.ErrorCodes))
+	for c, n := range r.ErrorCodes {
+		m[c.String()] = n
+	}
+	return m
+}
+
+// formatCounts formats counts by name as "a 1, b 2", in name order.
+func formatCounts[N uint64 | float64](m map[string]N) string {
+	parts := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, k+" "+strconv.FormatFloat(float64(m[k]), 'f', -1, 64))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// usage prints the metrics block: what the backend did over the run.
+func usage(w io.Writer, r bench.Result, u bench.Usage) {
+	fmt.Fprintf(w, "metrics: change over the measured run, summed over %d /metrics page(s)\n", u.Pages)
+	line := func(name, value, note string) {
+		if note != "" {
+			note = "  (" + note + ")"
+		}
+		fmt.Fprintf(w, "  %-32s %12s%s\n", name, value, note)
+	}
+	line("backend decisions", count(&u.Decisions), "")
+	line("dynamodb calls", count(&u.DynamoDBCalls), formatCounts(u.DynamoDBCallsByOp))
+	line("dynamodb writes", count(&u.Writes), "UpdateItem + PutItem + TransactWriteItems")
+	if len(u.DynamoDBErrors) > 0 {
+		var failed float64
+		for _, n := range u.DynamoDBErrors {
+			failed += n
+		}
+		line("dynamodb failed calls", count(&failed), formatCounts(u.DynamoDBErrors))
+	}
+	line("read capacity units", units(u.ReadUnits), "")
+	line("write capacity units", units(u.WriteUnits), "")
+	line("condition retries", count(u.ConditionRetries), "")
+	line("local answers", count(u.LocalAnswers), "")
+	line("coalesced decisions", count(u.CoalescedDecisions), "")
+	line("dynamodb calls per decision", per(u.CallsPerDecision), "")
+	line("RCU per decision", per(u.RCUPerDecision), "")
+	line("WCU per decision", per(u.WCUPerDecision), "")
+	line("writes per allowed decision", per(u.WritesPerAllowed), fmt.Sprintf("over %d OK answers", r.OK))
+	line("denials answered without a call", share(u.LocalDenialShare), fmt.Sprintf("local answers over %d over_limit answers", r.OverLimit))
+	line("coalesced share", share(u.CoalescedShare), "coalesced over backend decisions")
+}
+
+// The formats of the metrics block; "n/a" for a number that does not
+// exist (its counter was not served, or its denominator is zero).
+func count(v *float64) string { return orNA(v, "%.0f", 1) }
+func units(v *float64) string { return orNA(v, "%.1f", 1) }
+func per(v *float64) string   { return orNA(v, "%.4f", 1) }
+func share(v *float64) string { return orNA(v, "%.2f%%", 100) }
+
+func orNA(v *float64, format string, scale float64) string {
+	if v == nil {
+		return "n/a"
+	}
+	return fmt.Sprintf(format, *v*scale)
+}
+
+// record is the JSON of one run.
+type record struct {
+	Time         time.Time         `json:"time"`
+	Config       recordConfig      `json:"config"`
+	Round        int               `json:"round,omitempty"`
+	Server       string            `json:"server"`
+	Requests     uint64            `json:"requests"`
+	Errors       uint64            `json:"errors"`
+	ErrorsByCode map[string]uint64 `json:"errors_by_code"`
+	FirstError   string            `json:"first_error,omitempty"`
+	OK           uint64            `json:"ok"`
+	OverLimit    uint64            `json:"over_limit"`
+	Elapsed      float64           `json:"elapsed_seconds"`
+	// Throughput counts answered calls, each one decision of one
+	// descriptor.
+	Throughput float64      `json:"decisions_per_second"`
+	P50        float64      `json:"p50_us"`
+	P99        float64      `json:"p99_us"`
+	P999       float64      `json:"p999_us"`
+	Max        float64      `json:"max_us"`
+	Metrics    *bench.Usage `json:"metrics"`
+}
+
+// recordConfig is the command line of a record, after defaults.
+type recordConfig struct {
+	Args           []string `json:"args"`
+	Mode           string   `json:"mode"`
+	Addrs          []string `json:"addrs,omitempty"`
+	MetricsURLs    []string `json:"metrics_urls,omitempty"`
+	Domain         string   `json:"domain,omitempty"`
+	Descriptor     []string `json:"descriptor,omitempty"`
+	OverDescriptor []string `json:"over_descriptor,omitempty"`
+	OverLimit      float64  `json:"over_limit"`
+	Rounds         int      `json:"rounds,omitempty"`
+	Concurrency    int      `json:"concurrency"`
+	Conns          int      `json:"conns"`
+	Duration       string   `json:"duration"`
+	Warmup         string   `json:"warmup"`
+	Timeout        string   `json:"timeout"`
+	Requests       int64    `json:"requests"`
+	Keys           int      `json:"keys"`
+	Dist           string   `json:"dist"`
+	Hot            float64  `json:"hot"`
+	ZipfS          float64  `json:"zipf_s"`
+	GOOS           string   `json:"goos"`
+	GOARCH         string   `json:"goarch"`
+	GOMAXPROCS     int      `json:"gomaxprocs"`
+	NumCPU         int      `json:"num_cpu"`
+	GoVersion      string   `json:"go_version"`
+}
+
+// record writes the JSON record of one run, with -json.
+func (o options) record(out output, start time.Time, round int, server string, r bench.Result) error {
+	if out.json == nil {
+		return nil
+	}
+	c := recordConfig{
+		Args: o.args, Mode: "compare", Addrs: o.addrs, MetricsURLs: o.metrics, Domain: o.domain,
+		Descriptor: entries(o.entries), OverDescriptor: entries(o.over), OverLimit: o.overLimit,
+		Rounds: o.rounds, Concurrency: o.concurrency, Conns: o.conns,
+		Duration: o.duration.String(), Warmup: o.warmup.String(), Timeout: o.timeout.String(),
+		Requests: o.requests, Keys: o.keys, Dist: o.dist.String(), Hot: o.hot, ZipfS: o.zipfS,
+		GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, GOMAXPROCS: runtime.GOMAXPROCS(0),
+		NumCPU: runtime.NumCPU(), GoVersion: runtime.Version(),
+	}
+	if len(o.addrs) > 0 {
+		c.Mode, c.Rounds = "addr", 0
+	}
+	rec := record{
+		Time: start.UTC(), Config: c, Round: round, Server: server,
+		Requests: r.Requests, Errors: r.Errors, ErrorsByCode: errorCodes(r),
+		OK: r.OK, OverLimit: r.OverLimit, Elapsed: r.Elapsed.Seconds(), Throughput: r.Throughput,
+		P50: us(r.P50), P99: us(r.P99), P999: us(r.P999), Max: us(r.Max),
+		Metrics: r.Usage,
+	}
+	if r.FirstError != nil {
+		rec.FirstError = r.FirstError.Error()
+	}
+	if err := out.json.Encode(rec); err != nil {
+		return fmt.Errorf("json record: %w", err)
+	}
+	return nil
+}
+
+func entries(es []bench.Entry) []string {
+	s := make([]string, len(es))
+	for i, e := range es {
+		s[i] = e.Key + "=" + e.Value
+	}
+	return s
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
 // µs formats nanoseconds as microseconds, the scale of loopback calls.
 func micros(ns float64) string { return fmt.Sprintf("%.0fµs", ns/float64(time.Microsecond)) }

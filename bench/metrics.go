@@ -1,0 +1,295 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// The series of Sluice's /metrics a run reads, named as the Prometheus
+// text format has them (README.md, "Metrics").
+const (
+	// MetricBackendCalls is the histogram of backend calls, labelled
+	// backend and operation; its _count counts them.
+	MetricBackendCalls = "sluice_backend_call_duration_seconds"
+	// MetricBackendErrors counts failed backend calls by backend,
+	// operation and kind.
+	MetricBackendErrors = "sluice_backend_call_errors_total"
+	MetricReadUnits     = "sluice_dynamodb_read_capacity_units_total"
+	MetricWriteUnits    = "sluice_dynamodb_write_capacity_units_total"
+	MetricRetries       = "sluice_dynamodb_condition_retries_total"
+	// MetricLocalAnswers counts decisions a replica answered from the
+	// bucket state it last saw, without a DynamoDB call.
+	MetricLocalAnswers = "sluice_dynamodb_local_answers_total"
+	// MetricCoalesced counts decisions whose tokens another decision's
+	// write carried: decisions that shared one UpdateItem.
+	MetricCoalesced = "sluice_dynamodb_coalesced_decisions_total"
+)
+
+// Operation label values of MetricBackendCalls.
+const (
+	OpDecide = "decide"
+	// DynamoDB's write calls: what consumes write capacity.
+	OpUpdateItem         = "UpdateItem"
+	OpPutItem            = "PutItem"
+	OpTransactWriteItems = "TransactWriteItems"
+)
+
+// BackendDynamoDB is the backend label value of DynamoDB's API calls.
+const BackendDynamoDB = "dynamodb"
+
+// isCounted reports whether a run reports the total of the counter
+// family name.
+func isCounted(name string) bool {
+	switch name {
+	case MetricReadUnits, MetricWriteUnits, MetricRetries, MetricLocalAnswers, MetricCoalesced:
+		return true
+	}
+	return false
+}
+
+// Call is a backend and operation: one series of MetricBackendCalls.
+type Call struct{ Backend, Operation string }
+
+// Snapshot is what a run reads of one or more /metrics pages, summed over
+// the pages: counters only, so that the difference of two snapshots is
+// what happened in between.
+type Snapshot struct {
+	// Calls counts backend calls by backend and operation.
+	Calls map[Call]float64
+	// Errors counts failed DynamoDB calls by kind (an AWS error code,
+	// timeout, ...).
+	Errors map[string]float64
+	// Counters holds the totals of the counters a run reports
+	// (MetricReadUnits ... MetricCoalesced) that the pages served; one
+	// that none served is missing, not zero.
+	Counters map[string]float64
+}
+
+// ParseMetrics reads one page in the Prometheus text format.
+func ParseMetrics(r io.Reader) (Snapshot, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("parse Prometheus text: %w", err)
+	}
+	s := newSnapshot()
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := make(map[string]string, len(m.GetLabel()))
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch {
+			case name == MetricBackendCalls && m.GetHistogram() != nil:
+				s.Calls[Call{labels["backend"], labels["operation"]}] += float64(m.GetHistogram().GetSampleCount())
+			case name == MetricBackendErrors && labels["backend"] == BackendDynamoDB:
+				s.Errors[labels["kind"]] += m.GetCounter().GetValue()
+			case isCounted(name):
+				// Untyped too: a page without TYPE lines is still the
+				// text format.
+				s.Counters[name] += m.GetCounter().GetValue() + m.GetUntyped().GetValue()
+			}
+		}
+	}
+	return s, nil
+}
+
+func newSnapshot() Snapshot {
+	return Snapshot{Calls: map[Call]float64{}, Errors: map[string]float64{}, Counters: map[string]float64{}}
+}
+
+// add sums o into s.
+func (s Snapshot) add(o Snapshot) {
+	for k, v := range o.Calls {
+		s.Calls[k] += v
+	}
+	for k, v := range o.Errors {
+		s.Errors[k] += v
+	}
+	for k, v := range o.Counters {
+		s.Counters[k] += v
+	}
+}
+
+// Sub returns what the counters moved by from before to s. A series
+// missing from before counts from zero there: Sluice's labelled
+// counters appear with their first count. A counter missing from s
+// stays missing.
+func (s Snapshot) Sub(before Snapshot) Snapshot {
+	d := newSnapshot()
+	for k, v := range s.Calls {
+		if delta := v - before.Calls[k]; delta != 0 {
+			d.Calls[k] = delta
+		}
+	}
+	for k, v := range s.Errors {
+		if delta := v - before.Errors[k]; delta != 0 {
+			d.Errors[k] = delta
+		}
+	}
+	for k, v := range s.Counters {
+		d.Counters[k] = v - before.Counters[k]
+	}
+	return d
+}
+
+// Usage is what the backend did over a run, summed over the replicas,
+// and what that comes to per decision. A nil pointer is a number that
+// does not exist: its counter was not served, or its denominator is zero.
+type Usage struct {
+	// Pages is the number of /metrics pages summed.
+	Pages int `json:"pages"`
+	// Decisions counts backend decisions (operation "decide"), which is
+	// one per answered call that matched a rule.
+	Decisions float64 `json:"backend_decisions"`
+	// DynamoDBCalls counts DynamoDB API calls, in all and by operation.
+	DynamoDBCalls     float64            `json:"dynamodb_calls"`
+	DynamoDBCallsByOp map[string]float64 `json:"dynamodb_calls_by_operation"`
+	// DynamoDBErrors counts the failed ones by kind; a lost write race
+	// is ConditionalCheckFailedException.
+	DynamoDBErrors map[string]float64 `json:"dynamodb_errors_by_kind"`
+	// Writes counts UpdateItem, PutItem and TransactWriteItems calls,
+	// failed ones included: a failed conditional write still costs
+	// capacity.
+	Writes             float64  `json:"dynamodb_writes"`
+	ReadUnits          *float64 `json:"read_capacity_units"`
+	WriteUnits         *float64 `json:"write_capacity_units"`
+	ConditionRetries   *float64 `json:"condition_retries"`
+	LocalAnswers       *float64 `json:"local_answers"`
+	CoalescedDecisions *float64 `json:"coalesced_decisions"`
+
+	CallsPerDecision *float64 `json:"dynamodb_calls_per_decision"`
+	RCUPerDecision   *float64 `json:"rcu_per_decision"`
+	WCUPerDecision   *float64 `json:"wcu_per_decision"`
+	// WritesPerAllowed is Writes over the calls answered OK, as the
+	// client counted them.
+	WritesPerAllowed *float64 `json:"writes_per_allowed_decision"`
+	// LocalDenialShare is LocalAnswers over the calls answered
+	// OVER_LIMIT, as the client counted them: the share of denials that
+	// cost no DynamoDB call.
+	LocalDenialShare *float64 `json:"local_denial_share"`
+	// CoalescedShare is CoalescedDecisions over Decisions.
+	CoalescedShare *float64 `json:"coalesced_share"`
+}
+
+// Usage derives a run's usage from s, the difference of the snapshots
+// around it, and the numbers of calls the client saw answered OK and
+// OVER_LIMIT.
+func (s Snapshot) Usage(ok, overLimit uint64) Usage {
+	u := Usage{DynamoDBCallsByOp: map[string]float64{}, DynamoDBErrors: map[string]float64{}}
+	maps.Copy(u.DynamoDBErrors, s.Errors)
+	for c, n := range s.Calls {
+		switch {
+		case c.Operation == OpDecide:
+			u.Decisions += n
+		case c.Backend == BackendDynamoDB:
+			u.DynamoDBCalls += n
+			u.DynamoDBCallsByOp[c.Operation] += n
+			switch c.Operation {
+			case OpUpdateItem, OpPutItem, OpTransactWriteItems:
+				u.Writes += n
+			}
+		}
+	}
+	counter := func(name string) *float64 {
+		if v, ok := s.Counters[name]; ok {
+			return &v
+		}
+		return nil
+	}
+	u.ReadUnits = counter(MetricReadUnits)
+	u.WriteUnits = counter(MetricWriteUnits)
+	u.ConditionRetries = counter(MetricRetries)
+	u.LocalAnswers = counter(MetricLocalAnswers)
+	u.CoalescedDecisions = counter(MetricCoalesced)
+
+	u.CallsPerDecision = ratio(&u.DynamoDBCalls, u.Decisions)
+	u.RCUPerDecision = ratio(u.ReadUnits, u.Decisions)
+	u.WCUPerDecision = ratio(u.WriteUnits, u.Decisions)
+	u.WritesPerAllowed = ratio(&u.Writes, float64(ok))
+	u.LocalDenialShare = ratio(u.LocalAnswers, float64(overLimit))
+	u.CoalescedShare = ratio(u.CoalescedDecisions, u.Decisions)
+	return u
+}
+
+// ratio is num/den, or nil when num is nil or den is zero.
+func ratio(num *float64, den float64) *float64 {
+	if num == nil || den == 0 {
+		return nil
+	}
+	r := *num / den
+	return &r
+}
+
+// scraper reads the /metrics pages of a fleet.
+type scraper struct {
+	urls   []string
+	client *http.Client
+}
+
+// scrapeTimeout bounds one page's scrape: a page is a few kilobytes from
+// loopback.
+const scrapeTimeout = 10 * time.Second
+
+func newScraper(urls []string) *scraper {
+	return &scraper{urls: urls, client: &http.Client{Timeout: scrapeTimeout}}
+}
+
+// scrape reads every page and sums them.
+func (sc *scraper) scrape(ctx context.Context) (Snapshot, error) {
+	sum := newSnapshot()
+	for _, u := range sc.urls {
+		s, err := sc.page(ctx, u)
+		if err != nil {
+			return Snapshot{}, err
+		}
+		sum.add(s)
+	}
+	return sum, nil
+}
+
+func (sc *scraper) page(ctx context.Context, u string) (Snapshot, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("metrics %s: %w", u, err)
+	}
+	// The classic text format, not OpenMetrics or protobuf, whatever the
+	// server would prefer.
+	req.Header.Set("Accept", string(expfmt.FmtText))
+	resp, err := sc.client.Do(req)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return Snapshot{}, fmt.Errorf("metrics %s: %s", u, resp.Status)
+	}
+	s, err := ParseMetrics(resp.Body)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("metrics %s: %w", u, err)
+	}
+	return s, nil
+}
+
+// checkMetricsURL accepts an http URL on a loopback host.
+func checkMetricsURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("metrics URL: %w", err)
+	}
+	if u.Scheme != "http" || u.Host == "" {
+		return fmt.Errorf("metrics URL %q: want http://host:port/metrics", s)
+	}
+	if !isLoopback(u.Hostname()) {
+		return fmt.Errorf("metrics URL %q: only loopback hosts (127.0.0.0/8, ::1, localhost) are allowed", s)
+	}
+	return nil
+}
