@@ -136,9 +136,12 @@ func New(api API, opts Options) (*Backend, error) {
 // Stats returns the backend's running totals.
 func (b *Backend) Stats() *Stats { return b.stats }
 
-// Close releases nothing today; it lets the backend stand where a
-// closable one is expected.
-func (b *Backend) Close() error { return nil }
+// Close ends the config reads running in the background. The Backend
+// must not be used after it.
+func (b *Backend) Close() error {
+	b.records.close()
+	return nil
+}
 
 // Ping reports whether the table answers.
 func (b *Backend) Ping(ctx context.Context) error {

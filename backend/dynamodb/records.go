@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -25,6 +26,9 @@ type recordSet struct {
 	// parent is the entity's parent from its META item when that item
 	// asks for cascade; "" otherwise.
 	parent string
+
+	at         int64       // when it was read (epoch ms)
+	refreshing atomic.Bool // a read to replace it has started
 }
 
 // Entity, Resource and System let a recordSet stand in for the store in
@@ -47,44 +51,78 @@ func (r *recordSet) System(context.Context) (backend.Record, bool, error) {
 // records reads config records through a bounded LRU whose entries live
 // for the cache TTL (60 s by default): an operator's change reaches every
 // replica within that time, and a warm bucket costs no config read at all.
-// Concurrent misses for one key share one fetch; no lock is held across
-// I/O.
+//
+// Reads stay off the decision path after warm-up: a lookup that finds an
+// entry older than three quarters of the TTL answers from it and starts
+// one read in the background to replace it, so a bucket in steady use
+// never misses. Concurrent misses for one key share one read, which runs
+// on its own deadline rather than the first caller's: a caller with
+// Envoy's 20 ms may give up, but the read still lands in the cache for
+// the next. No lock is held across I/O.
 type records struct {
-	api    API
-	table  string
-	keys   Keys
-	now    func() int64
-	cache  *expirable.LRU[string, *recordSet]
-	flight singleflight.Group
-	stats  *Stats
+	api          API
+	table        string
+	keys         Keys
+	now          func() int64
+	cache        *expirable.LRU[string, *recordSet]
+	refreshAfter int64 // ms
+	flight       singleflight.Group
+	stats        *Stats
+	// base is cancelled by close, ending reads nobody waits for.
+	base   context.Context
+	cancel context.CancelFunc
 }
 
+// readTimeout bounds one shared read of config records: the callers
+// waiting on it each give up at their own deadline.
+const readTimeout = 5 * time.Second
+
 func newRecords(api API, table string, keys Keys, size int, ttl time.Duration, now func() int64, stats *Stats) *records {
+	base, cancel := context.WithCancel(context.Background())
 	return &records{
 		api: api, table: table, keys: keys, now: now, stats: stats,
-		cache: expirable.NewLRU[string, *recordSet](size, nil, ttl),
+		cache:        expirable.NewLRU[string, *recordSet](size, nil, ttl),
+		refreshAfter: ttl.Milliseconds() * 3 / 4,
+		base:         base, cancel: cancel,
 	}
 }
+
+func (r *records) close() { r.cancel() }
 
 func (r *records) get(ctx context.Context, entity, resource string) (*recordSet, error) {
 	key := entity + "\x00" + resource
 	if rs, ok := r.cache.Get(key); ok {
 		r.stats.CacheHits.Add(1)
+		if r.now()-rs.at >= r.refreshAfter && rs.refreshing.CompareAndSwap(false, true) {
+			// A failed refresh is not retried: the entry expires at its
+			// TTL and the next lookup reads, as a miss.
+			r.flight.DoChan(key, func() (any, error) { return r.load(key, entity, resource) })
+		}
 		return rs, nil
 	}
 	r.stats.CacheMisses.Add(1)
-	v, err, _ := r.flight.Do(key, func() (any, error) {
-		rs, err := r.fetch(ctx, entity, resource)
-		if err != nil {
-			return nil, err
+	select {
+	case res := <-r.flight.DoChan(key, func() (any, error) { return r.load(key, entity, resource) }):
+		if res.Err != nil {
+			return nil, res.Err
 		}
-		r.cache.Add(key, rs)
-		return rs, nil
-	})
+		return res.Val.(*recordSet), nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("config records of %q/%q: %w", entity, resource, ctx.Err())
+	}
+}
+
+// load reads key's records and caches them.
+func (r *records) load(key, entity, resource string) (*recordSet, error) {
+	ctx, cancel := context.WithTimeout(r.base, readTimeout)
+	defer cancel()
+	rs, err := r.fetch(ctx, entity, resource)
 	if err != nil {
 		return nil, err
 	}
-	return v.(*recordSet), nil
+	rs.at = r.now()
+	r.cache.Add(key, rs)
+	return rs, nil
 }
 
 // fetch reads the four records with one BatchGetItem. Keys DynamoDB
