@@ -193,6 +193,9 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if len(ts) == 0 {
 		return backend.NotLimited(), nil
 	}
+	if d, ok := b.denyFromSeen(ts, req, level); ok {
+		return d, nil
+	}
 	keys := make([]bucketKey, len(ts))
 	for i := range ts {
 		keys[i] = ts[i].key
@@ -216,14 +219,47 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if c.err != nil {
 		return backend.Decision{}, c.err
 	}
-	var limits []bucket.Limit
-	if len(ts) == 1 {
-		limits = ts[0].res.Limits
-	} else {
-		limits = append(slices.Clip(ts[0].res.Limits), ts[1].res.Limits...)
+	return decision(ts, c, level), nil
+}
+
+// decision is c's answer on the buckets of ts.
+func decision(ts []target, c *call, level backend.Level) backend.Decision {
+	limits := ts[0].res.Limits
+	if len(ts) > 1 {
+		limits = append(slices.Clip(limits), ts[1].res.Limits...)
 	}
 	return backend.Decision{Allowed: c.allowed, Limits: limits, Results: c.results,
-		Binding: bucket.Binding(limits, c.results), Level: level}, nil
+		Binding: bucket.Binding(limits, c.results), Level: level}
+}
+
+// denyFromSeen answers a denial at once from the last state this replica
+// saw of every bucket, when that state is recent enough to deny from and
+// cannot pay for req, without queueing behind a write in flight for the
+// bucket: a flood of requests over their limit then costs neither a call
+// nor a wait. Anything else (it would pass, or the state is too old) goes
+// through the bucket's lane.
+func (b *Backend) denyFromSeen(ts []target, req *backend.Request, level backend.Level) (backend.Decision, bool) {
+	if req.Refund || req.Hits == 0 {
+		return backend.Decision{}, false
+	}
+	for i := range ts {
+		seen, ok := b.seen.Get(ts[i].key)
+		if !ok {
+			return backend.Decision{}, false
+		}
+		ts[i].item, ts[i].seenAt, ts[i].fresh = seen.item, seen.at, false
+	}
+	now := b.now()
+	if !b.recentEnough(ts, now) {
+		return backend.Decision{}, false
+	}
+	c := call{req: req}
+	calls := [1]*call{&c}
+	if decideCalls(ts, calls[:], now); c.allowed {
+		return backend.Decision{}, false
+	}
+	b.stats.LocalAnswers.Add(1)
+	return decision(ts, &c, level), true
 }
 
 // targets resolves the buckets req is charged to, appended to ts: the

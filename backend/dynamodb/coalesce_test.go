@@ -204,3 +204,36 @@ func TestHotKeyWritesPerAdmittedDecision(t *testing.T) {
 		t.Fatalf("table counts %d millitokens consumed, want %d", tc, admitted.Load()*bucket.Milli)
 	}
 }
+
+// A request the last seen state cannot pay for is denied at once, from
+// that state, even while a write for the bucket is in flight: it neither
+// calls DynamoDB nor queues behind the write.
+func TestDenialDoesNotQueueBehindAWrite(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{}, slowWrites{e.client, 300 * time.Millisecond})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 2)}, Hits: 2}
+	mustDecide(t, b, req) // create, empty
+	refund := req
+	refund.Refund, refund.Hits = true, 1
+	refunded := make(chan struct{})
+	go func() {
+		defer close(refunded)
+		mustDecide(t, b, refund)
+	}()
+	time.Sleep(50 * time.Millisecond) // the refund holds the lane, writing
+	calls0 := writeCalls(b)
+	local0 := b.Stats().LocalAnswers.Load()
+	if d := mustDecide(t, b, req); d.Allowed {
+		t.Fatal("admitted from an empty bucket")
+	}
+	select {
+	case <-refunded:
+		t.Fatal("the denial waited for the write in flight")
+	default:
+	}
+	if writeCalls(b) != calls0 || b.Stats().LocalAnswers.Load() != local0+1 {
+		t.Fatalf("the denial made a call or was not counted as local: writes %d -> %d, local %d -> %d",
+			calls0, writeCalls(b), local0, b.Stats().LocalAnswers.Load())
+	}
+	<-refunded
+}
