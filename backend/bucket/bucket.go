@@ -129,6 +129,25 @@ func Wait(l Limit, s State, need, now int64) int64 {
 	return int64(lo) - min(elapsed, int64(lo)-1)
 }
 
+// Claim is the least refill, in whole steps from s.Clock, with which s
+// pays cost: the time the steps take (ms) and the tokens they add
+// (millitokens); 0, 0 when the tokens s holds pay already. A writer that
+// moves the clock by just that much and leaves the rest of the refill
+// pending loses nothing (refill is exact in whole steps) and claims only
+// the time it needs, so that others can claim the rest.
+func Claim(l Limit, s State, cost int64) (ms, tokens int64) {
+	deficit := cost - max(s.Tokens, 0)
+	if deficit <= 0 || l.Amount == 0 {
+		return 0, 0
+	}
+	dt, da := quantum(l)
+	steps := ceilDiv(deficit, da)
+	if steps > math.MaxInt64/max(dt, da) {
+		return math.MaxInt64, math.MaxInt64
+	}
+	return steps * dt, steps * da
+}
+
 // FillTime is how long (ms) a limit takes to refill k millitokens, in
 // whole refill steps: any state holding at least Burst-k tokens whose
 // clock is at least FillTime(l, k) before now is full at now. It lets a

@@ -157,6 +157,42 @@ func TestPropertyFillTimeMeansFull(t *testing.T) {
 	}
 }
 
+// Claiming the least refill that pays a cost, and leaving the rest on the
+// clock, is the same state as refilling in full and paying, once both are
+// refilled: nothing is lost or credited twice.
+func TestPropertyClaimIsExact(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	checked := 0
+	for iter := 0; iter < 20000; iter++ {
+		l := randomLimit(r, "x")
+		l.PerRequest = false
+		if l.Amount == 0 || l.Burst == 0 {
+			continue
+		}
+		now := int64(1<<41) + r.Int64N(1<<40)
+		s := State{Tokens: r.Int64N(l.Burst + 1), Clock: now - r.Int64N(2*l.Period)}
+		full := Refill(l, s, now)
+		cost := r.Int64N(full.Tokens + 1)
+		if full.Tokens >= l.Burst {
+			continue // a full limit's clock moves to now instead
+		}
+		ms, tokens := Claim(l, s, cost)
+		if ms > now-s.Clock || s.Tokens+tokens < cost {
+			t.Fatalf("%+v from %+v cost %d: claimed %d ms, %d tokens: beyond the refill or short of the cost", l, s, cost, ms, tokens)
+		}
+		claimed := State{Tokens: s.Tokens + tokens - cost, Clock: s.Clock + ms}
+		want := full
+		want.Tokens -= cost
+		if got := Refill(l, claimed, now); got.Tokens != want.Tokens || got.Clock != want.Clock {
+			t.Fatalf("%+v from %+v cost %d: claim then refill %+v, refill then pay %+v", l, s, cost, got, want)
+		}
+		checked++
+	}
+	if checked < 5000 {
+		t.Fatalf("only %d cases checked", checked)
+	}
+}
+
 // Cost never overflows and always denies what cannot fit, for any hits.
 func TestPropertyCostBounded(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))

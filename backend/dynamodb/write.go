@@ -20,7 +20,7 @@ type op struct {
 	put  map[string]types.AttributeValue // whole item, or nil
 	key  map[string]types.AttributeValue // for an update
 	e    *expr
-	next *bucketItem // what the item holds after a put
+	next *bucketItem // what the item holds after the write, if alone
 }
 
 // write persists the planned targets: one conditional write for one
@@ -44,15 +44,18 @@ func (b *Backend) write(ctx context.Context, ts []target, now int64) error {
 // concurrent writers from losing each other's consumption, and none lets
 // a stale view lift a bucket past its burst (pitfalls 1 and 8).
 //
-// A consuming write takes the cost from tokens the limit already holds
-// and leaves its refill clock alone: it only ADDs -cost, on the condition
-// that, whatever other writers did meanwhile, the limit holds at least the
-// cost and stays below its burst even with the refill still pending
-// (tk <= burst - pending - 1). Refill is exact in whole steps from the
-// clock, so when no cap is reached the pending tokens are credited exactly
-// as if they had been credited now; the condition guarantees no cap is
-// reached, so nothing is back-dated. Such writes commute: any number of
-// replicas consume from one limit without invalidating each other.
+// A paying write takes the cost from the tokens the limit holds and, when
+// they fall short, from the fewest whole steps of its pending refill
+// (bucket.Claim): it ADDs the claimed time to the clock and the claimed
+// tokens less the cost to the tokens, on the condition that, whatever
+// other writers did meanwhile, the clock is no earlier than the one this
+// writer saw and at least the claimed time before now, and that the tokens
+// pay the cost and stay below the burst even with the refill still
+// pending. Refill is exact in whole steps, so what stays pending is
+// credited later exactly as if now; the condition guarantees no cap is
+// reached, so nothing is back-dated. Such writes commute: replicas taking
+// from one limit, even one at its limit that lives off its refill, claim
+// disjoint slices of refill time instead of invalidating each other.
 //
 // A full write is for a limit that is full at now: its clock must move to
 // now (time spent full is never credited), and it then holds the burst
@@ -64,11 +67,11 @@ func (b *Backend) write(ctx context.Context, ts []target, now int64) error {
 // limit leaves such a state, so replicas do not invalidate each other
 // there either.
 //
-// A refilling write is needed when the cost needs the refill, or for a
-// refund. It moves the clock to where the refill left it and ADDs the
-// difference in tokens, on the condition that the clock is still the one
-// the refill started from and that the tokens stay within [0, burst]
-// after the ADD. A writer whose clock has moved on recomputes.
+// A refund is a refilling write: it moves the clock to where the refill
+// left it and ADDs the difference in tokens, on the condition that the
+// clock is still the one the refill started from and that the tokens stay
+// within [0, burst] after the ADD. A writer whose clock has moved on
+// recomputes.
 func (b *Backend) plannedOp(t *target, now int64) op {
 	e := newExpr()
 	nowSec := now / 1000
@@ -118,8 +121,13 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 	}
 	e.when("%n = %v", []string{attrCfg}, []types.AttributeValue{str(t.fp)})
 	notExpired(e, nowSec)
+	// written is what the item holds after the write if nobody else wrote:
+	// what a transaction, which returns nothing, leaves as the last state
+	// seen.
+	written := make([]bucket.State, len(t.res.Limits))
 	for i, l := range t.res.Limits {
 		base, next := t.base[i], t.states[i]
+		written[i] = next
 		tk := limitAttr(bucketPrefix, l.Name, fieldTokens)
 		rf := limitAttr(bucketPrefix, l.Name, fieldClock)
 		cost := next.Consumed - base.Consumed
@@ -132,12 +140,20 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 			e.setAttr(tk, num(next.Tokens))
 			e.setAttr(rf, num(next.Clock))
 			fullAt(e, l, tk, rf, base, cost, now)
-		case !t.refund && base.Tokens >= cost:
-			if cost > 0 {
-				e.addAttr(tk, num(-cost))
+		case !t.refund:
+			// Pay from the tokens held and, if short, from the least whole
+			// steps of refill; the rest stays pending on the clock.
+			ms, claimed := bucket.Claim(l, base, cost)
+			written[i] = bucket.State{Tokens: base.Tokens + claimed - cost, Clock: base.Clock + ms, Consumed: next.Consumed}
+			pending := refilled.Tokens - base.Tokens - claimed
+			if ms > 0 {
+				e.addAttr(rf, num(ms))
 			}
-			pending := refilled.Tokens - base.Tokens
-			e.when("%n BETWEEN %v AND %v", []string{tk}, []types.AttributeValue{num(cost), num(l.Burst - pending - 1)})
+			if d := claimed - cost; d != 0 {
+				e.addAttr(tk, num(d))
+			}
+			e.when("%n BETWEEN %v AND %v AND %n BETWEEN %v AND %v", []string{rf, tk}, []types.AttributeValue{
+				num(base.Clock), num(now - ms), num(cost - claimed), num(l.Burst - pending - 1 - (claimed - cost))})
 		default:
 			delta := next.Tokens - base.Tokens
 			if next.Clock != base.Clock {
@@ -150,7 +166,7 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 				[]types.AttributeValue{num(base.Clock), num(-delta), num(l.Burst - delta)})
 		}
 	}
-	return op{key: b.itemKey(t.key), e: e}
+	return op{key: b.itemKey(t.key), e: e, next: &bucketItem{cfg: t.fp, ttl: ttl, limits: t.res.Limits, states: written}}
 }
 
 // fullAt conditions a full write of limit l on an item state that is full
@@ -273,12 +289,9 @@ func (b *Backend) writeTx(ctx context.Context, ts []target, ops []op) error {
 	if err == nil {
 		b.stats.consumedWrite(each(out.ConsumedCapacity)...)
 		for i := range ts {
+			// A transaction returns no item: keep what the write left if
+			// nobody else wrote. The next write's condition checks it.
 			next := ops[i].next
-			if next == nil {
-				// An update's result is not returned by a transaction: keep
-				// what it computed. The next write's condition checks it.
-				next = &bucketItem{cfg: ts[i].fp, ttl: ts[i].item.ttl, limits: ts[i].res.Limits, states: ts[i].states}
-			}
 			ts[i].item = next
 			b.seen.Add(ts[i].key, seenItem{item: next, at: b.now()})
 		}
