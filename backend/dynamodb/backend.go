@@ -330,10 +330,12 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 	for attempt := 1; ; attempt++ {
 		live = live[:0]
 		for _, c := range batch {
+			if c.done {
+				continue
+			}
 			if err := c.ctx.Err(); err != nil {
-				if !c.done {
-					c.err, c.done = fmt.Errorf("bucket %q/%q: %w", c.req.Entity, c.req.Resource, err), true
-				}
+				c.err = fmt.Errorf("bucket %q/%q: %w", c.req.Entity, c.req.Resource, err)
+				c.finish()
 				continue
 			}
 			live = append(live, c)
@@ -353,18 +355,29 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 			read = true
 			continue
 		}
-		if !write {
+		// Denials and checks stand on a view recent enough to deny from:
+		// they are answered now, whatever becomes of the write, so that a
+		// write that keeps losing races on a bucket at its limit holds up
+		// (and, at worst, fails) only the calls it would admit.
+		n := 0
+		for _, c := range live {
+			if c.allowed && c.req.Hits > 0 {
+				live[n] = c
+				n++
+				continue
+			}
 			if !read {
-				b.stats.LocalAnswers.Add(uint64(len(live)))
+				b.stats.LocalAnswers.Add(1)
 			}
-			for _, c := range live {
-				c.done = true
-			}
+			c.finish()
+		}
+		live = live[:n]
+		if !write {
 			return
 		}
 		err := b.write(ctx, ts, now)
 		if err == nil {
-			b.written(ts, live, now, read)
+			b.written(ts, live, now)
 			return
 		}
 		var lost errLostRace
@@ -388,10 +401,10 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 	}
 }
 
-// written completes the calls of a batch whose write succeeded: each
-// allowed call reports the tokens it left, shifted by whatever other
-// writers did meanwhile (which the table's answer shows).
-func (b *Backend) written(ts []target, calls []*call, now int64, read bool) {
+// written completes the calls of a batch whose write succeeded, every one
+// of them admitted: each reports the tokens it left, shifted by whatever
+// other writers did meanwhile (which the table's answer shows).
+func (b *Backend) written(ts []target, calls []*call, now int64) {
 	if b.opts.OnBucketWrite != nil {
 		for i := range ts {
 			b.opts.OnBucketWrite(backend.TTLDuration(backend.BucketTTL(ts[i].res, b.opts.TTLMultiplier)))
@@ -408,32 +421,23 @@ func (b *Backend) written(ts []target, calls []*call, now int64, read bool) {
 			shift := table.Tokens - ts[i].states[j].Tokens
 			for _, c := range calls {
 				r := &c.results[off+j]
-				if !c.allowed {
-					continue
-				}
 				r.Tokens = min(max(r.Tokens+shift, 0), l.Burst)
 				r.Wait = bucket.Wait(l, bucket.State{Tokens: r.Tokens, Clock: table.Clock}, l.Burst, now)
 			}
 		}
 		off += len(ts[i].res.Limits)
 	}
-	charged := 0
 	for _, c := range calls {
-		c.done = true
-		switch {
-		case c.allowed && c.req.Hits > 0:
-			charged++
-		case !read:
-			b.stats.LocalAnswers.Add(1)
-		}
+		c.finish()
 	}
-	b.stats.Coalesced.Add(uint64(max(charged-1, 0)))
+	b.stats.Coalesced.Add(uint64(max(len(calls)-1, 0)))
 }
 
 // fail answers every call with err.
 func fail(calls []*call, err error) {
 	for _, c := range calls {
-		c.err, c.done = err, true
+		c.err = err
+		c.finish()
 	}
 }
 

@@ -62,6 +62,19 @@ type call struct {
 	allowed bool
 	err     error
 	done    bool // answered (by a batch, or by the leader giving up)
+	// told: a follower's wake for its answer has been sent.
+	told bool
+}
+
+// finish marks c answered and, for a follower, wakes it at once, so that
+// a call decided early does not wait for the rest of its batch. c must not
+// be written to after.
+func (c *call) finish() {
+	c.done = true
+	if c.follower && !c.told {
+		c.told = true
+		c.wake <- struct{}{}
+	}
 }
 
 func newCall(ctx context.Context, req *backend.Request, group string) *call {
@@ -169,13 +182,14 @@ func (l *lanes) leave(keys ...bucketKey) {
 	}
 }
 
-// answer delivers a batch's answers to its followers.
+// answer wakes the followers of a batch not yet told their answer; one
+// left undecided (its leader stopped early) gets errAbandoned.
 func answer(batch []*call) {
 	for _, c := range batch[1:] {
 		if !c.done {
-			c.err, c.done = errAbandoned, true
+			c.err = errAbandoned
 		}
-		c.wake <- struct{}{}
+		c.finish()
 	}
 }
 
