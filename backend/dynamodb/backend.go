@@ -510,10 +510,11 @@ func (t *target) plan(now int64) {
 // recentEnough reports whether every target's view may decide a denial:
 // read during this decision, or seen at most MaxDenyStaleness ago.
 func (b *Backend) recentEnough(ts []target, now int64) bool {
+	always := b.opts.MaxDenyStaleness < 0 // any negative duration, -1ns included
 	limit := b.opts.MaxDenyStaleness.Milliseconds()
 	for i := range ts {
 		t := &ts[i]
-		if !t.fresh && (limit < 0 || t.seenAt == 0 || now-t.seenAt > limit) {
+		if !t.fresh && (always || t.seenAt == 0 || now-t.seenAt > limit) {
 			return false
 		}
 	}

@@ -237,3 +237,24 @@ func TestDenialDoesNotQueueBehindAWrite(t *testing.T) {
 	}
 	<-refunded
 }
+
+// With a negative MaxDenyStaleness (serve's --deny-staleness 0) every
+// denial is confirmed by a read, even one right after this replica's own
+// write.
+func TestNegativeStalenessAlwaysAsks(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{MaxDenyStaleness: -1})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 1)}, Hits: 1}
+	mustDecide(t, b, req)
+	for i := 1; i <= 3; i++ {
+		if mustDecide(t, b, req).Allowed {
+			t.Fatal("admitted past the burst")
+		}
+		if calls, _ := b.Stats().Calls(); calls["GetItem"] != uint64(i) {
+			t.Fatalf("after %d denials, %d reads; want one each", i, calls["GetItem"])
+		}
+	}
+	if n := b.Stats().LocalAnswers.Load(); n != 0 {
+		t.Fatalf("%d denials answered locally", n)
+	}
+}
