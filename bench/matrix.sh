@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# matrix.sh: the DynamoDB runs of BENCHMARKS.md, side by side in one go.
+#
+# For each load (uniform, zipf, hot key, denied flood, hot key at its
+# limit), it runs bench/fleet.sh once per serve configuration, one after
+# the other: Sluice as it ships, then with write coalescing off, then
+# with local denial off. Every run is a fresh DynamoDB Local and a fresh
+# fleet of REPLICAS replicas (default 3), so no run inherits another's
+# buckets or caches. Each run's JSON goes to OUT (default
+# bench/results/matrix-<time>.jsonl) with the load and configuration
+# added, and the summary table is printed at the end
+# (bench/summarize.py OUT prints it again).
+#
+# Environment: REPLICAS, DURATION (default 10s), WARMUP (default 5s),
+# LOADS and CONFIGS (space-separated names, to run a subset).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+duration=${DURATION:-10s}
+warmup=${WARMUP:-5s}
+out=${OUT:-bench/results/matrix-$(date -u +%Y%m%dT%H%M%SZ).jsonl}
+mkdir -p "$(dirname "$out")"
+
+declare -A load_args=(
+	[uniform]="-descriptor bench_key=u -keys 300 -dist uniform -concurrency 64 -warmup 15s"
+	[zipf]="-descriptor bench_key=z -keys 300 -dist zipf -concurrency 64 -warmup 15s"
+	[hot]="-descriptor bench_key=h -concurrency 200"
+	[flood]="-descriptor bench_key=f -over-limit 1 -over-descriptor bench_over=flood -concurrency 64"
+	[at-limit]="-descriptor bench_hot=a -concurrency 200 -warmup 0"
+)
+declare -A config_args=(
+	[shipped]=""
+	[no-coalescing]="--coalesce-writes=false"
+	[no-local-denial]="--deny-staleness 0"
+)
+loads=${LOADS:-uniform zipf hot flood at-limit}
+configs=${CONFIGS:-shipped no-coalescing no-local-denial}
+
+for load in $loads; do
+	for config in $configs; do
+		echo "matrix.sh: $load, $config" >&2
+		# shellcheck disable=SC2086 # the argument lists are word lists
+		SERVE_ARGS="${config_args[$config]}" bench/fleet.sh -domain bench -duration "$duration" -warmup "$warmup" \
+			${load_args[$load]} -json |
+			python3 -c 'import json,sys; [print(json.dumps(dict(json.loads(l), load=sys.argv[1], serve=sys.argv[2], serve_args=sys.argv[3]))) for l in sys.stdin if l.strip()]' \
+				"$load" "$config" "${config_args[$config]}" >>"$out"
+	done
+done
+echo "matrix.sh: results in $out" >&2
+python3 bench/summarize.py "$out"
