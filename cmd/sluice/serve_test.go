@@ -280,16 +280,24 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	}
 }
 
-// serve on the DynamoDB backend: a missing table stops it at once with the
-// fix; with the table it decides through DynamoDB Local.
-func TestServeOnDynamoDB(t *testing.T) {
-	srv := dynamodbtest.Require(t)
+// dynamoDBServeEnv is what a serve test on DynamoDB Local needs: the
+// server, AWS settings for it, a rules directory holding rulesV1, and a
+// table name of the test's own (not created).
+func dynamoDBServeEnv(t *testing.T) (srv *dynamodbtest.Server, dir, table string) {
+	t.Helper()
+	srv = dynamodbtest.Require(t)
 	awsEnv(t)
-	dir := t.TempDir()
+	dir = t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesV1), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	table := dynamodbtest.TableName(t)
+	return srv, dir, dynamodbtest.TableName(t)
+}
+
+// serve on the DynamoDB backend: a missing table stops it at once with the
+// fix; with the table it decides through DynamoDB Local.
+func TestServeOnDynamoDB(t *testing.T) {
+	srv, dir, table := dynamoDBServeEnv(t)
 	local := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "",
 		"--config-dir", dir, "--backend", "dynamodb", "--table", table, "--region", "us-east-1", "--endpoint", srv.Endpoint()}
 
@@ -477,13 +485,7 @@ func TestReadinessLatchesOnTheFirstAnswer(t *testing.T) {
 // staleness is a usage error. (The defaults are covered by
 // TestServeOnDynamoDB: the denial there costs no call.)
 func TestServeDynamoDBCostFlags(t *testing.T) {
-	srv := dynamodbtest.Require(t)
-	awsEnv(t)
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesV1), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	table := dynamodbtest.TableName(t)
+	srv, dir, table := dynamoDBServeEnv(t)
 	if out, code := sluice(t, "serve", "--backend", "dynamodb", "--table", table, "--config-dir", dir, "--deny-staleness", "-1s"); code != 2 || !strings.Contains(out, "--deny-staleness") {
 		t.Fatalf("negative --deny-staleness: exit %d\n%s", code, out)
 	}
