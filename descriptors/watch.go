@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
+	"github.com/sluice-rl/sluice/filewatch"
 )
 
 // Timings of a Watcher. Events come in bursts (an editor writes a temporary
@@ -77,17 +77,13 @@ func watch(ctx context.Context, dir string, log *slog.Logger, opts watchOptions)
 	w.stats = ReloadStats{OK: 1, LastOK: now, LastAttempt: now}
 	w.logLoaded(cfg)
 
-	var fw *fsnotify.Watcher
-	if opts.notify {
-		// Without file events the poll still reloads, only later: a watch
-		// that cannot start is worth a warning, not a refusal to serve.
-		if fw, err = fsnotify.NewWatcher(); err != nil {
-			w.log.Warn("file events unavailable, polling only", "error", err, "interval", opts.poll)
-		} else if err := fw.Add(dir); err != nil {
-			w.log.Warn("cannot watch config dir, polling until it can", "error", err, "interval", opts.poll)
-		}
-	}
-	go w.run(ctx, fw)
+	go func() {
+		defer close(w.done)
+		filewatch.Run(ctx, filewatch.Options{Dirs: []string{dir}, Debounce: opts.debounce, Interval: opts.poll,
+			NoEvents: !opts.notify, What: "config dir", Log: w.log}, func() {
+			_ = w.Reload() // logged and counted by Reload
+		})
+	}()
 	return w, nil
 }
 
@@ -164,52 +160,4 @@ func (w *Watcher) recordFailure(err error) {
 	w.stats.Failed++
 	w.stats.LastAttempt = time.Now()
 	w.stats.LastError = err.Error()
-}
-
-// run is the watch loop. It owns fw and closes it when ctx is done.
-func (w *Watcher) run(ctx context.Context, fw *fsnotify.Watcher) {
-	defer close(w.done)
-	var (
-		events <-chan fsnotify.Event
-		errs   <-chan error
-	)
-	if fw != nil {
-		defer fw.Close()
-		events, errs = fw.Events, fw.Errors
-	}
-	poll := time.NewTicker(w.opts.poll)
-	defer poll.Stop()
-	debounce := time.NewTimer(w.opts.debounce)
-	debounce.Stop()
-	defer debounce.Stop()
-
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-events:
-			if !ok {
-				events = nil
-				continue
-			}
-			// Any event, including on dot names: a ConfigMap update is a
-			// rename of "..data". Reloading is cheap and idempotent.
-			debounce.Reset(w.opts.debounce)
-		case err, ok := <-errs:
-			if !ok {
-				errs = nil
-				continue
-			}
-			w.log.Warn("config dir watch error", "error", err)
-		case <-debounce.C:
-			_ = w.Reload() // logged and counted by Reload
-		case <-poll.C:
-			if fw != nil && len(fw.WatchList()) == 0 {
-				// The directory was removed (the kernel dropped the
-				// watch); watch it again once it is back.
-				_ = fw.Add(w.dir)
-			}
-			_ = w.Reload()
-		}
-	}
 }
