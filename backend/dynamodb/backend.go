@@ -242,15 +242,9 @@ func (b *Backend) denyFromSeen(ts []target, req *backend.Request, level backend.
 	if req.Refund || req.Hits == 0 {
 		return backend.Decision{}, false
 	}
-	for i := range ts {
-		seen, ok := b.seen.Get(ts[i].key)
-		if !ok {
-			return backend.Decision{}, false
-		}
-		ts[i].item, ts[i].seenAt, ts[i].fresh = seen.item, seen.at, false
-	}
+	b.loadSeen(ts)
 	now := b.now()
-	if !b.recentEnough(ts, now) {
+	if !b.recentEnough(ts, now) { // never seen counts as too old
 		return backend.Decision{}, false
 	}
 	c := call{req: req}
@@ -260,6 +254,15 @@ func (b *Backend) denyFromSeen(ts []target, req *backend.Request, level backend.
 	}
 	b.stats.LocalAnswers.Add(1)
 	return decision(ts, &c, level), true
+}
+
+// loadSeen starts every target from the last state this replica saw of
+// its bucket (none: item nil, seenAt 0), not yet confirmed by the table.
+func (b *Backend) loadSeen(ts []target) {
+	for i := range ts {
+		seen, _ := b.seen.Get(ts[i].key)
+		ts[i].item, ts[i].seenAt, ts[i].fresh = seen.item, seen.at, false
+	}
 }
 
 // targets resolves the buckets req is charged to, appended to ts: the
@@ -321,10 +324,7 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 	defer cancel()
 	// Read the last seen state only now: the batch that held the lane
 	// before this one may have just updated it.
-	for i := range ts {
-		seen, _ := b.seen.Get(ts[i].key)
-		ts[i].item, ts[i].seenAt = seen.item, seen.at
-	}
+	b.loadSeen(ts)
 	read := false
 	live := make([]*call, 0, len(batch))
 	for attempt := 1; ; attempt++ {

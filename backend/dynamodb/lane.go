@@ -52,8 +52,7 @@ type call struct {
 	// or, for a follower, its answer is in.
 	wake chan struct{}
 
-	leads bool    // the lane was handed to this call
-	batch []*call // when it leads: itself first, then its followers
+	batch []*call // when the lane is handed to it: itself first, then its followers
 	// follower: the call is decided and answered by another's batch.
 	follower bool
 
@@ -166,7 +165,7 @@ func (l *lanes) leave(keys ...bucketKey) {
 			continue
 		}
 		head := ln.queue[0]
-		head.leads, head.batch = true, []*call{head}
+		head.batch = []*call{head}
 		rest := ln.queue[:0]
 		for _, w := range ln.queue[1:] {
 			if head.group != "" && w.group == head.group && len(head.batch) < l.maxBatch {
