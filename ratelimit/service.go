@@ -52,6 +52,10 @@ type Options struct {
 	// NearLimitRatio is the share of a limit's burst used beyond which
 	// an allowed descriptor counts as near its limit (0.8).
 	NearLimitRatio float64
+	// NoDeadlineTimeout bounds the backend's work for a call that carries
+	// no deadline (Envoy always sends one; grpcurl need not): 1 s when
+	// zero. Without it, a hung backend would pin such calls forever.
+	NoDeadlineTimeout time.Duration
 }
 
 // Service implements rlsv3.RateLimitServiceServer. It is safe for
@@ -78,6 +82,9 @@ func New(rules Rules, be backend.Backend, opts Options) *Service {
 	}
 	if opts.NearLimitRatio <= 0 || opts.NearLimitRatio > 1 {
 		opts.NearLimitRatio = 0.8
+	}
+	if opts.NoDeadlineTimeout <= 0 {
+		opts.NoDeadlineTimeout = time.Second
 	}
 	return &Service{rules: rules, backend: be, opts: opts, failLog: logLimiter{every: opts.FailureLogInterval}}
 }
@@ -141,6 +148,8 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 		}
 	}
 
+	backendCtx, cancel := s.backendContext(ctx)
+	defer cancel()
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
@@ -159,7 +168,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: true, Rule: m.Rule, Entity: m.Entity, Outcome: OutcomeUnlimited})
 		case m.Rule.Name != "" && replaced[m.Rule.Name]:
 		default:
-			if err := s.decide(ctx, req, d, m, st); err != nil {
+			if err := s.decide(ctx, backendCtx, req, d, m, st); err != nil {
 				return nil, err
 			}
 			headers.observe(st)
@@ -177,9 +186,26 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 	return resp, nil
 }
 
-// decide fills st for one limited descriptor.
-func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, d *rlv3.RateLimitDescriptor, m descriptors.Match, st *rlsv3.RateLimitResponse_DescriptorStatus) error {
-	dec, err := s.backend.Decide(ctx, &backend.Request{
+// backendContext bounds the backend's work on one call. It ends a little
+// before the caller's deadline: a backend that answers at the deadline
+// itself leaves no time to send the failure policy's answer, and Envoy,
+// having timed out, would apply its own failure_mode_deny instead of the
+// operator's --on-backend-error. A fifth of the time left is kept back,
+// 3 to 20 ms (4 ms of Envoy's default 20): enough for the answer to cross
+// a loopback or a cluster network on a busy machine.
+func (s *Service) backendContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithTimeout(ctx, s.opts.NoDeadlineTimeout)
+	}
+	reserve := min(max(time.Until(deadline)/5, 3*time.Millisecond), 20*time.Millisecond)
+	return context.WithDeadline(ctx, deadline.Add(-reserve))
+}
+
+// decide fills st for one limited descriptor. backendCtx bounds the
+// backend's work; ctx is the call's own (traces, metrics).
+func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRequest, d *rlv3.RateLimitDescriptor, m descriptors.Match, st *rlsv3.RateLimitResponse_DescriptorStatus) error {
+	dec, err := s.backend.Decide(backendCtx, &backend.Request{
 		Entity:   m.Entity,
 		Resource: m.Resource,
 		Parent:   m.Parent,
