@@ -271,11 +271,31 @@ func (a *Admin) EntityConfigs(ctx context.Context, entity string) ([]Config, err
 // Admin's prefix. It scans the whole table, buckets included, so its cost
 // grows with the table: meant for audits, not for a hot path.
 func (a *Admin) AllConfigs(ctx context.Context, fn func(Config) error) error {
+	err := a.scanSK(ctx, resourceConfig, func(av map[string]types.AttributeValue) error {
+		c, ok, err := a.decodeConfig(av)
+		if err != nil {
+			return fmt.Errorf("config %s %s: %w", attrS(av, attrPK), attrS(av, attrSK), err)
+		}
+		if ok {
+			return fn(c)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("scanning for configs: %w", err)
+	}
+	return nil
+}
+
+// scanSK calls fn for every item of this deployment (its key prefix)
+// whose sort key begins with skPrefix, reading the whole table with
+// strong consistency, page by page.
+func (a *Admin) scanSK(ctx context.Context, skPrefix string, fn func(map[string]types.AttributeValue) error) error {
 	in := &dynamodb.ScanInput{
 		TableName:                 aws.String(a.table),
 		FilterExpression:          aws.String("begins_with(#sk, :sk)"),
 		ExpressionAttributeNames:  map[string]string{"#sk": attrSK},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":sk": str(resourceConfig)},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":sk": str(skPrefix)},
 		ConsistentRead:            aws.Bool(true),
 	}
 	if a.keys.prefix != "" {
@@ -289,20 +309,14 @@ func (a *Admin) AllConfigs(ctx context.Context, fn func(Config) error) error {
 	for {
 		out, err := a.api.Scan(ctx, in)
 		if err != nil {
-			return fmt.Errorf("scanning for configs: %w", err)
+			return err
 		}
 		for _, av := range out.Items {
 			if a.keys.prefix == "" && hasPrefixSep(attrS(av, attrPK)) {
 				continue // another deployment's item
 			}
-			c, ok, err := a.decodeConfig(av)
-			if err != nil {
-				return fmt.Errorf("config %s %s: %w", attrS(av, attrPK), attrS(av, attrSK), err)
-			}
-			if ok {
-				if err := fn(c); err != nil {
-					return err
-				}
+			if err := fn(av); err != nil {
+				return err
 			}
 		}
 		if len(out.LastEvaluatedKey) == 0 {

@@ -159,6 +159,9 @@ type Bucket struct {
 	TTL    int64 // epoch seconds; 0: never expires
 	Limits []bucket.Limit
 	States []bucket.State
+	// Expired is set by AllBuckets for an item past its ttl that DynamoDB
+	// has not deleted yet; decisions treat it as absent.
+	Expired bool
 }
 
 // GetBucket reads the bucket of entity for resource. An item whose ttl has
