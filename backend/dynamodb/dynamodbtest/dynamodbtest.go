@@ -68,7 +68,17 @@ var ErrUnavailable = errors.New("DynamoDB Local is unavailable")
 
 // Server is a running DynamoDB Local.
 type Server struct {
-	endpoint string
+	endpoint  string
+	port      int
+	java, jar string
+	dir       string // on-disk database; "" runs in memory
+
+	mu sync.Mutex // guards p across Kill and Restart
+	p  *process
+}
+
+// process is one run of the java process; Restart makes a new one.
+type process struct {
 	cmd      *exec.Cmd
 	out      *logBuffer
 	done     chan struct{} // closed when the process has exited
@@ -76,10 +86,23 @@ type Server struct {
 	stopOnce sync.Once
 }
 
-// Start finds Java and the jar, starts DynamoDB Local on a free loopback
-// port and waits (up to StartTimeout, or ctx) until it answers ListTables.
-// ctx bounds the start only, not the server's life: call Stop.
+// Options change how StartWith runs the server.
+type Options struct {
+	// Dir keeps the database in files under Dir instead of in memory, so
+	// that the tables and items survive Kill and Restart, as a real
+	// outage leaves them. Empty: in memory.
+	Dir string
+}
+
+// Start finds Java and the jar, starts DynamoDB Local in memory on a free
+// loopback port and waits (up to StartTimeout, or ctx) until it answers
+// ListTables. ctx bounds the start only, not the server's life: call Stop.
 func Start(ctx context.Context) (*Server, error) {
+	return StartWith(ctx, Options{})
+}
+
+// StartWith is Start with Options.
+func StartWith(ctx context.Context, o Options) (*Server, error) {
 	java, err := exec.LookPath("java")
 	if err != nil {
 		return nil, fmt.Errorf("%w: java not found in PATH", ErrUnavailable)
@@ -90,8 +113,12 @@ func Start(ctx context.Context) (*Server, error) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ { // a port picked free may be taken before java binds it
-		var s *Server
-		if s, lastErr = start(ctx, java, jar); lastErr == nil {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{endpoint: "http://127.0.0.1:" + strconv.Itoa(port), port: port, java: java, jar: jar, dir: o.Dir}
+		if lastErr = s.start(ctx); lastErr == nil {
 			return s, nil
 		}
 		if ctx.Err() != nil {
@@ -101,27 +128,25 @@ func Start(ctx context.Context) (*Server, error) {
 	return nil, lastErr
 }
 
-func start(ctx context.Context, java, jar string) (*Server, error) {
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	dir := filepath.Dir(jar)
-	cmd := exec.Command(java,
+// start runs a new java process on s's port and waits until it answers.
+func (s *Server) start(ctx context.Context) error {
+	args := []string{
 		"-Xmx1g", // not a quarter of the machine's memory per test package
-		"-Djava.library.path="+filepath.Join(dir, "DynamoDBLocal_lib"),
-		"-jar", jar,
-		"-inMemory", "-sharedDb", "-disableTelemetry", "-port", strconv.Itoa(port))
-	cmd.Dir = dir
+		"-Djava.library.path=" + filepath.Join(filepath.Dir(s.jar), "DynamoDBLocal_lib"),
+		"-jar", s.jar,
+	}
+	if s.dir != "" {
+		args = append(args, "-dbPath", s.dir)
+	} else {
+		args = append(args, "-inMemory")
+	}
+	args = append(args, "-sharedDb", "-disableTelemetry", "-port", strconv.Itoa(s.port))
+	cmd := exec.Command(s.java, args...)
+	cmd.Dir = filepath.Dir(s.jar)
 	out := &logBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = sysProcAttr()
-	s := &Server{
-		endpoint: "http://127.0.0.1:" + strconv.Itoa(port),
-		cmd:      cmd,
-		out:      out,
-		done:     make(chan struct{}),
-	}
+	p := &process{cmd: cmd, out: out, done: make(chan struct{})}
 
 	// The process is started and waited for on one locked OS thread: on
 	// Linux the child gets SIGKILL when the thread that forked it exits
@@ -136,26 +161,29 @@ func start(ctx context.Context, java, jar string) (*Server, error) {
 			return
 		}
 		started <- nil
-		s.waitErr = cmd.Wait()
-		close(s.done)
+		p.waitErr = cmd.Wait()
+		close(p.done)
 	}()
 	if err := <-started; err != nil {
-		return nil, fmt.Errorf("dynamodbtest: start %s: %w", java, err)
+		return fmt.Errorf("dynamodbtest: start %s: %w", s.java, err)
 	}
+	s.mu.Lock()
+	s.p = p
+	s.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
-	if err := s.waitReady(ctx); err != nil {
-		s.Stop()
-		return nil, fmt.Errorf("dynamodbtest: DynamoDB Local (%s) did not become ready on %s: %w\n--- its output ---\n%s",
-			jar, s.endpoint, err, s.Output())
+	if err := s.waitReady(ctx, p); err != nil {
+		p.kill()
+		return fmt.Errorf("dynamodbtest: DynamoDB Local (%s) did not become ready on %s: %w\n--- its output ---\n%s",
+			s.jar, s.endpoint, err, out.String())
 	}
-	return s, nil
+	return nil
 }
 
 // waitReady polls ListTables until it answers, the process exits or ctx
 // ends.
-func (s *Server) waitReady(ctx context.Context) error {
+func (s *Server) waitReady(ctx context.Context, p *process) error {
 	client := s.Client(ctx)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -169,8 +197,8 @@ func (s *Server) waitReady(ctx context.Context) error {
 			return nil
 		}
 		select {
-		case <-s.done:
-			return fmt.Errorf("java exited: %v", s.waitErr)
+		case <-p.done:
+			return fmt.Errorf("java exited: %v", p.waitErr)
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last ListTables error: %v)", ctx.Err(), err)
 		case <-tick.C:
@@ -181,8 +209,12 @@ func (s *Server) waitReady(ctx context.Context) error {
 // Endpoint is the server's URL, for BaseEndpoint or --endpoint.
 func (s *Server) Endpoint() string { return s.endpoint }
 
-// Output is what the server has printed so far.
-func (s *Server) Output() string { return s.out.String() }
+// Output is what the server's current process has printed so far.
+func (s *Server) Output() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.p.out.String()
+}
 
 // Client returns a DynamoDB client for this server: static dummy
 // credentials, region us-east-1. Nothing is read from the environment.
@@ -203,19 +235,39 @@ func (s *Server) Client(_ context.Context) *dynamodb.Client {
 
 // Stop kills the server (its whole process group) and waits for it to
 // exit. It is safe to call more than once.
-func (s *Server) Stop() {
-	s.stopOnce.Do(func() {
+func (s *Server) Stop() { s.Kill() }
+
+// Kill ends the server at once with SIGKILL, as a crash or a lost host
+// would, and waits for it to exit: connections are reset and new ones
+// refused until Restart. It is safe to call more than once.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	p := s.p
+	s.mu.Unlock()
+	p.kill()
+}
+
+// Restart starts the server again on the same port after Kill. With
+// Options.Dir it finds the tables and items as the kill left them; in
+// memory it starts empty.
+func (s *Server) Restart(ctx context.Context) error {
+	s.Kill()
+	return s.start(ctx)
+}
+
+func (p *process) kill() {
+	p.stopOnce.Do(func() {
 		select {
-		case <-s.done:
+		case <-p.done:
 			return
 		default:
 		}
-		killGroup(s.cmd.Process)
+		killGroup(p.cmd.Process)
 		select {
-		case <-s.done:
+		case <-p.done:
 		case <-time.After(10 * time.Second):
 			// Should not happen after SIGKILL; don't hang the test binary.
-			fmt.Fprintf(os.Stderr, "dynamodbtest: DynamoDB Local (pid %d) did not exit after SIGKILL\n", s.cmd.Process.Pid)
+			fmt.Fprintf(os.Stderr, "dynamodbtest: DynamoDB Local (pid %d) did not exit after SIGKILL\n", p.cmd.Process.Pid)
 		}
 	})
 }
