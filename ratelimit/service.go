@@ -191,14 +191,14 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 // itself leaves no time to send the failure policy's answer, and Envoy,
 // having timed out, would apply its own failure_mode_deny instead of the
 // operator's --on-backend-error. A fifth of the time left is kept back,
-// 3 to 20 ms (4 ms of Envoy's default 20): enough for the answer to cross
+// 3 to 100 ms (4 ms of Envoy's default 20): enough for the answer to cross
 // a loopback or a cluster network on a busy machine.
 func (s *Service) backendContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		return context.WithTimeout(ctx, s.opts.NoDeadlineTimeout)
 	}
-	reserve := min(max(time.Until(deadline)/5, 3*time.Millisecond), 20*time.Millisecond)
+	reserve := min(max(time.Until(deadline)/5, 3*time.Millisecond), 100*time.Millisecond)
 	return context.WithDeadline(ctx, deadline.Add(-reserve))
 }
 
