@@ -86,7 +86,7 @@ func watch(ctx context.Context, dir string, log *slog.Logger, opts watchOptions)
 		defer close(w.done)
 		first := true
 		filewatch.Run(ctx, filewatch.Options{Dirs: []string{dir}, Debounce: opts.debounce, Interval: opts.poll,
-			NoEvents: !opts.notify, What: "config dir", Log: w.log}, func() {
+			NoEvents: !opts.notify, What: "config dir", Log: log}, func() {
 			_ = w.Reload() // logged and counted by Reload
 			if first {
 				first = false
