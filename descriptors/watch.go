@@ -62,8 +62,9 @@ type watchOptions struct {
 // Watch loads dir and keeps the result up to date until ctx is done: on
 // file events (debounced) and, as a safety net, by polling the content
 // fingerprint every few seconds. It returns an error if the initial load
-// fails. A later load that fails keeps the previous Config in force; it is
-// logged at error level and counted in Stats. A nil log discards logs.
+// fails; an empty directory loads (and limits nothing). A later load that
+// fails, or that finds no rule file, keeps the previous Config in force; it
+// is logged at error level and counted in Stats. A nil log discards logs.
 func Watch(ctx context.Context, dir string, log *slog.Logger) (*Watcher, error) {
 	return watch(ctx, dir, log, watchOptions{debounce: debounceDelay, poll: pollInterval, notify: true})
 }
