@@ -81,6 +81,8 @@ unknown keys, wrong types, duplicates, bad rates or units, invalid templates.
 A Config is immutable and safe for concurrent use. Watch keeps the current
 Config of a directory: it reloads on file events and, as a safety net, on a
 periodic content check; a reload swaps the Config atomically, and a reload
-that fails keeps the previous one in force, logs and counts the failure.
+that fails keeps the previous one in force, logs and counts the failure. A
+reload that finds no rule file at all fails too: an emptied directory is a
+replacement half done far more often than a wish to drop every rule.
 */
 package descriptors

@@ -2,6 +2,7 @@ package descriptors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -40,6 +41,10 @@ type Watcher struct {
 	opts watchOptions
 	cur  atomic.Pointer[Config]
 	done chan struct{} // closed when the watch loop has stopped
+	// watching is closed once the file watches are in place and the
+	// directory has been re-read under them: tests wait for it, so that
+	// what they do to the directory does not race that first re-read.
+	watching chan struct{}
 
 	mu       sync.Mutex // serialises reloads
 	failedAt string     // fingerprint and error of the last failure, to count each failure once
@@ -57,8 +62,9 @@ type watchOptions struct {
 // Watch loads dir and keeps the result up to date until ctx is done: on
 // file events (debounced) and, as a safety net, by polling the content
 // fingerprint every few seconds. It returns an error if the initial load
-// fails. A later load that fails keeps the previous Config in force; it is
-// logged at error level and counted in Stats. A nil log discards logs.
+// fails; an empty directory loads (and limits nothing). A later load that
+// fails, or that finds no rule file, keeps the previous Config in force; it
+// is logged at error level and counted in Stats. A nil log discards logs.
 func Watch(ctx context.Context, dir string, log *slog.Logger) (*Watcher, error) {
 	return watch(ctx, dir, log, watchOptions{debounce: debounceDelay, poll: pollInterval, notify: true})
 }
@@ -71,7 +77,7 @@ func watch(ctx context.Context, dir string, log *slog.Logger, opts watchOptions)
 	if err != nil {
 		return nil, fmt.Errorf("load mapping config from %s: %w", dir, err)
 	}
-	w := &Watcher{dir: dir, log: log.With("dir", dir), opts: opts, done: make(chan struct{})}
+	w := &Watcher{dir: dir, log: log.With("dir", dir), opts: opts, done: make(chan struct{}), watching: make(chan struct{})}
 	w.cur.Store(cfg)
 	now := time.Now()
 	w.stats = ReloadStats{OK: 1, LastOK: now, LastAttempt: now}
@@ -79,9 +85,14 @@ func watch(ctx context.Context, dir string, log *slog.Logger, opts watchOptions)
 
 	go func() {
 		defer close(w.done)
+		first := true
 		filewatch.Run(ctx, filewatch.Options{Dirs: []string{dir}, Debounce: opts.debounce, Interval: opts.poll,
-			NoEvents: !opts.notify, What: "config dir", Log: w.log}, func() {
+			NoEvents: !opts.notify, What: "config dir", Log: log}, func() {
 			_ = w.Reload() // logged and counted by Reload
+			if first {
+				first = false
+				close(w.watching)
+			}
 		})
 	}()
 	return w, nil
@@ -104,16 +115,19 @@ func (w *Watcher) Reload() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 
+	cur := w.cur.Load()
 	files, err := readDir(w.dir)
 	fp := ""
 	if err == nil {
 		fp = fingerprint(files)
-		if fp == w.cur.Load().Fingerprint() {
+		if fp == cur.Fingerprint() {
 			w.recovered() // e.g. a broken edit was reverted
 			return nil
 		}
 		var cfg *Config
-		if cfg, err = parse(files, fp); err == nil {
+		if len(files) == 0 {
+			err = errNoRuleFiles
+		} else if cfg, err = parse(files, fp); err == nil {
 			w.cur.Store(cfg)
 			w.recordOK()
 			w.logLoaded(cfg)
@@ -128,9 +142,18 @@ func (w *Watcher) Reload() error {
 	}
 	w.failedAt = key
 	w.recordFailure(err)
-	w.log.Error("mapping config reload failed, keeping the previous config", "error", err)
+	w.log.Error("mapping config reload failed, keeping the previous config", "error", err,
+		"in_force", cur.fingerprint[:12])
 	return err
 }
+
+// errNoRuleFiles refuses a reload that would leave no rule file. An empty
+// directory is what a half-done replacement looks like (rm -rf and copy, a
+// volume being remounted, "rm *.yaml" before the new files): applying it
+// would drop every limit at once. Start-up may still load an empty
+// directory, and a file holding only a domain limits nothing on purpose.
+var errNoRuleFiles = errors.New("no rule files (*.yaml, *.yml) in the directory; a reload never drops every rule " +
+	"(to limit nothing, leave a file with only a domain)")
 
 func (w *Watcher) logLoaded(cfg *Config) {
 	w.log.Info("mapping config loaded", "domains", len(cfg.domainNames), "rules", len(cfg.rules),
@@ -148,7 +171,11 @@ func (w *Watcher) recordOK() {
 }
 
 func (w *Watcher) recovered() {
+	if w.failedAt == "" {
+		return
+	}
 	w.failedAt = ""
+	w.log.Info("mapping config directory is back to the rules in force", "fingerprint", w.cur.Load().fingerprint[:12])
 	w.statsMu.Lock()
 	defer w.statsMu.Unlock()
 	w.stats.LastError = ""

@@ -63,6 +63,11 @@ func startWatch(t *testing.T, dir string, opts watchOptions) (*Watcher, *syncBuf
 			t.Error("watcher did not stop after its context was cancelled")
 		}
 	})
+	select {
+	case <-w.watching:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the watches were not in place after 2 s")
+	}
 	return w, logs
 }
 
@@ -182,8 +187,9 @@ func TestWatchDirectoryRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, dir, "x.yaml", domainFile("x", 1))
-	// A short poll, so that the test also sees the watch come back.
-	w, _ := startWatch(t, dir, watchOptions{debounce: debounceDelay, poll: 200 * time.Millisecond, notify: true})
+	// Watch's own 5 s poll: the removal and the return are seen through
+	// the parent directory's events, well within the 2 s waits below.
+	w, _ := startWatch(t, dir, defaultOpts)
 	cfg := w.Current()
 
 	if err := os.RemoveAll(dir); err != nil {
@@ -196,15 +202,25 @@ func TestWatchDirectoryRemoved(t *testing.T) {
 	if s := w.Stats(); !strings.Contains(s.LastError, "no such file or directory") {
 		t.Errorf("LastError %q", s.LastError)
 	}
-	time.Sleep(500 * time.Millisecond) // several polls of the same failure
+	for range 3 { // retries of the same failure, as the poll makes them
+		if err := w.Reload(); err == nil {
+			t.Fatal("Reload of a missing directory returned nil")
+		}
+	}
 	if got := w.Stats().Failed; got != 1 {
 		t.Errorf("Failed = %d, want the missing directory counted once", got)
 	}
 
-	// The directory comes back: the watcher picks it up again.
+	// It comes back empty first: still the previous rules, a new failure.
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, 2*time.Second, "the empty directory refused", func() bool { return w.Stats().Failed == 2 })
+	if s := w.Stats(); !strings.Contains(s.LastError, "no rule files") || rpuOf(w, "x") != 1 {
+		t.Errorf("after an empty directory came back: LastError %q, rate %d", s.LastError, rpuOf(w, "x"))
+	}
+
+	// Then a rule file: the watcher picks it up, and sees later edits.
 	writeFile(t, dir, "x.yaml", domainFile("x", 5))
 	eventually(t, 2*time.Second, "the recreated directory", func() bool { return rpuOf(w, "x") == 5 })
 	writeFile(t, dir, "x.yaml", domainFile("x", 6))
@@ -268,4 +284,111 @@ func TestWatchConcurrentReads(t *testing.T) {
 	if got := rpuOf(w, "x"); got != 5 {
 		t.Errorf("final rate %d, want 5", got)
 	}
+}
+
+// A reload never applies a directory left without rule files: emptying it
+// is what a half-done replacement looks like. A file with only a domain
+// turns every rule off on purpose. Reverting to the rules in force is
+// logged as a recovery.
+func TestWatchEmptiedDirectoryKeepsRules(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	writeFile(t, dir, "x.yaml", domainFile("x", 1))
+	writeFile(t, dir, "y.yaml", domainFile("y", 2))
+	w, logs := startWatch(t, dir, defaultOpts)
+
+	// Removing one file is an edit like any other.
+	if err := os.Remove(filepath.Join(dir, "y.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "y dropped", func() bool { return !w.Current().HasDomain("y") })
+	cfg := w.Current()
+
+	// Removing the last one is refused.
+	if err := os.Remove(filepath.Join(dir, "x.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "the failure", func() bool { return w.Stats().Failed == 1 })
+	if w.Current() != cfg || rpuOf(w, "x") != 1 {
+		t.Error("an emptied directory dropped the rules")
+	}
+	if s := w.Stats(); !strings.Contains(s.LastError, "no rule files") {
+		t.Errorf("LastError %q, want it to say there are no rule files", s.LastError)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "no rule files") {
+		t.Errorf("the refusal is not logged at error level:\n%s", logs)
+	}
+
+	// The same file back: no reload to count, but the failure is over.
+	writeFile(t, dir, "x.yaml", domainFile("x", 1))
+	eventually(t, 2*time.Second, "the recovery", func() bool { return w.Stats().LastError == "" })
+	if s := w.Stats(); s.OK != 2 || s.Failed != 1 || w.Current() != cfg {
+		t.Errorf("stats %+v after restoring the file in force, want OK 2, Failed 1, the same config", s)
+	}
+	if !strings.Contains(logs.String(), "back to the rules in force") {
+		t.Errorf("the recovery is not logged:\n%s", logs)
+	}
+
+	// A domain without descriptors: every rule off, deliberately.
+	writeFile(t, dir, "x.yaml", "domain: x\n")
+	eventually(t, 2*time.Second, "the rules turned off", func() bool { return rpuOf(w, "x") == -1 })
+	if s := w.Stats(); s.Failed != 1 || s.LastError != "" {
+		t.Errorf("stats %+v after a valid file without rules", s)
+	}
+}
+
+// An empty directory may be served from the start (it limits nothing);
+// once rules are loaded, emptying it again is refused.
+func TestWatchStartsOnEmptyDirectory(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	w, _ := startWatch(t, dir, defaultOpts)
+	if got := len(w.Current().Domains()); got != 0 {
+		t.Fatalf("%d domains in an empty directory", got)
+	}
+	if err := w.Reload(); err != nil {
+		t.Errorf("Reload of the same empty directory: %v", err)
+	}
+	writeFile(t, dir, "x.yaml", domainFile("x", 1))
+	eventually(t, 2*time.Second, "the first rules", func() bool { return rpuOf(w, "x") == 1 })
+	if err := os.Remove(filepath.Join(dir, "x.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "the refusal", func() bool { return w.Stats().Failed == 1 })
+	if rpuOf(w, "x") != 1 {
+		t.Error("the rules were dropped")
+	}
+}
+
+// A file truncated in place by a writer that has not written yet (a
+// shell's "> x.yaml", a plain os.WriteFile) is not "no rules": the reload
+// fails and the previous rules stay until the content arrives.
+func TestWatchTruncatedFileKeepsRules(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	writeFile(t, dir, "x.yaml", domainFile("x", 1))
+	w, _ := startWatch(t, dir, defaultOpts)
+	path := filepath.Join(dir, "x.yaml")
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	eventually(t, 2*time.Second, "the failure", func() bool { return w.Stats().Failed == 1 })
+	if s := w.Stats(); !strings.Contains(s.LastError, "x.yaml:1: empty file") || rpuOf(w, "x") != 1 {
+		t.Errorf("after truncation: LastError %q, rate %d; want x.yaml:1: empty file and rate 1", s.LastError, rpuOf(w, "x"))
+	}
+	// Half the content: still invalid, still the previous rules.
+	half := domainFile("x", 7)
+	if _, err := f.WriteString(half[:len(half)-20]); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "the second failure", func() bool { return w.Stats().Failed == 2 })
+	if rpuOf(w, "x") != 1 {
+		t.Error("a half-written file replaced the rules")
+	}
+	if _, err := f.WriteString(half[len(half)-20:]); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "the complete file", func() bool { return rpuOf(w, "x") == 7 })
 }

@@ -4,16 +4,22 @@
 //
 // Events are watched on the directories, not the files: a file renamed
 // over, or a Kubernetes volume's "..data" symlink swapped, is an event in
-// its directory, and a watch on the old file would go with it. The period
-// catches what events miss: a path that is a symlink into another
-// directory, a directory removed and created again (its watch is added
-// back once it exists), network file systems. The caller's reload must
-// therefore be cheap and idempotent when nothing changed.
+// its directory, and a watch on the old file would go with it. Each
+// directory's parent is watched too, for the events that name the
+// directory itself: one removed and created again, renamed away and
+// replaced, or a symlink to it swapped. After such an event the watch is
+// set again on whatever the path now is, so recovery does not wait for the
+// period. The period catches what events miss: a parent that cannot be
+// watched, a path that is a symlink into another directory, network file
+// systems. The caller's reload must therefore be cheap and idempotent when
+// nothing changed.
 package filewatch
 
 import (
 	"context"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -50,23 +56,18 @@ func Run(ctx context.Context, o Options, reload func()) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	var (
-		fw     *fsnotify.Watcher
+		ws     *watches
 		events <-chan fsnotify.Event
 		errs   <-chan error
 	)
 	if !o.NoEvents {
-		var err error
-		if fw, err = fsnotify.NewWatcher(); err != nil {
+		fw, err := fsnotify.NewWatcher()
+		if err != nil {
 			log.Warn("file events unavailable, checking "+o.What+" periodically only", "error", err, "interval", o.Interval)
-			fw = nil
 		} else {
 			defer fw.Close()
 			events, errs = fw.Events, fw.Errors
-			for _, d := range o.Dirs {
-				if err := fw.Add(d); err != nil {
-					log.Warn("cannot watch "+o.What+", checking it periodically until it can", "dir", d, "error", err, "interval", o.Interval)
-				}
-			}
+			ws = newWatches(fw, o, log)
 		}
 	}
 
@@ -81,14 +82,18 @@ func Run(ctx context.Context, o Options, reload func()) {
 		select {
 		case <-ctx.Done():
 			return
-		case _, ok := <-events:
+		case ev, ok := <-events:
 			if !ok {
 				events = nil
 				continue
 			}
-			// Any event, on dot names and unrelated files too: a reload of
-			// unchanged content is a no-op, a missed change an outage later.
-			debounce.Reset(o.Debounce)
+			// Any event in a directory, on dot names and unrelated files
+			// too: a reload of unchanged content is a no-op, a missed change
+			// an outage later. Of the parents' events, only those that name
+			// a directory itself.
+			if ws.relevant(ev.Name) {
+				debounce.Reset(o.Debounce)
+			}
 		case err, ok := <-errs:
 			if !ok {
 				errs = nil
@@ -96,25 +101,100 @@ func Run(ctx context.Context, o Options, reload func()) {
 			}
 			log.Warn(o.What+" watch error", "error", err)
 		case <-debounce.C:
+			ws.refresh()
 			reload()
 		case <-tick.C:
-			if fw != nil {
-				rewatch(fw, o.Dirs, o.What, log)
-			}
+			ws.refresh()
 			reload()
 		}
 	}
 }
 
-// rewatch adds back the watches the kernel dropped when a directory was
-// removed, once the directory exists again.
-func rewatch(fw *fsnotify.Watcher, dirs []string, what string, log *slog.Logger) {
-	watched := fw.WatchList()
-	for _, d := range dirs {
-		if !slices.Contains(watched, d) {
-			if err := fw.Add(d); err == nil {
-				log.Info("watching "+what+" again", "dir", d)
-			}
+// watches keeps an fsnotify watch on each directory, and on its parent,
+// set on what the path is now.
+type watches struct {
+	fw      *fsnotify.Watcher
+	dirs    []string               // cleaned
+	parents []string               // of dirs, less those that are dirs themselves
+	on      map[string]os.FileInfo // the directory each dir's watch was set on
+	what    string
+	log     *slog.Logger
+}
+
+func newWatches(fw *fsnotify.Watcher, o Options, log *slog.Logger) *watches {
+	ws := &watches{fw: fw, on: make(map[string]os.FileInfo), what: o.What, log: log}
+	for _, d := range o.Dirs {
+		if d = filepath.Clean(d); !slices.Contains(ws.dirs, d) {
+			ws.dirs = append(ws.dirs, d)
+		}
+	}
+	for _, d := range ws.dirs {
+		if p := filepath.Dir(d); !slices.Contains(ws.dirs, p) && !slices.Contains(ws.parents, p) {
+			ws.parents = append(ws.parents, p)
+		}
+	}
+	for _, d := range ws.dirs {
+		if err := ws.watch(d); err != nil {
+			log.Warn("cannot watch "+o.What+", checking it periodically until it can", "dir", d, "error", err, "interval", o.Interval)
+		}
+	}
+	for _, p := range ws.parents {
+		// Without it, a directory that comes back is found by the period:
+		// slower, not wrong.
+		if err := fw.Add(p); err != nil {
+			log.Debug("cannot watch the parent of "+o.What, "dir", p, "error", err)
+		}
+	}
+	return ws
+}
+
+// watch sets d's watch on the directory the path names now.
+func (ws *watches) watch(d string) error {
+	fi, err := os.Stat(d)
+	if err != nil {
+		return err
+	}
+	_ = ws.fw.Remove(d) // a watch left on a directory renamed away, if any
+	if err := ws.fw.Add(d); err != nil {
+		return err
+	}
+	ws.on[d] = fi
+	return nil
+}
+
+// relevant reports whether an event on name may change what a reload
+// reads: anything in a directory, or the directory itself. A nil ws (no
+// events) has none.
+func (ws *watches) relevant(name string) bool {
+	if ws == nil {
+		return false
+	}
+	name = filepath.Clean(name)
+	return slices.Contains(ws.dirs, name) || slices.Contains(ws.dirs, filepath.Dir(name))
+}
+
+// refresh sets the watches the kernel dropped, or that stayed on a
+// directory that was replaced, once the path names a directory again.
+func (ws *watches) refresh() {
+	if ws == nil {
+		return
+	}
+	watched := ws.fw.WatchList()
+	for _, d := range ws.dirs {
+		fi, err := os.Stat(d)
+		if err != nil {
+			continue // gone: its parent's event or the period brings it back
+		}
+		if prev, ok := ws.on[d]; ok && os.SameFile(prev, fi) && slices.Contains(watched, d) {
+			continue
+		}
+		if err := ws.watch(d); err == nil {
+			ws.log.Info("watching "+ws.what+" again", "dir", d)
+		}
+	}
+	for _, p := range ws.parents {
+		if !slices.Contains(watched, p) {
+			_ = ws.fw.Add(p) // as in newWatches
 		}
 	}
 }
