@@ -346,7 +346,7 @@ func TestBackendKilledAndRestarted(t *testing.T) {
 			l := startLoad(t, s.grpcLn.Addr().String(), 8)
 			l.warm(t)
 			warm := time.Now()
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(time.Second)
 			goroutines, heap := runtime.NumGoroutine(), heapInUse()
 			killed := time.Now()
 			e.ddb.Kill()
@@ -381,7 +381,7 @@ func TestBackendSlowAndPartitioned(t *testing.T) {
 	l := startLoad(t, s.grpcLn.Addr().String(), 8)
 	l.warm(t)
 	warm := time.Now()
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(time.Second)
 	goroutines, heap := runtime.NumGoroutine(), heapInUse()
 
 	slow := time.Now()
