@@ -6,6 +6,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluice-rl/sluice/admission"
 	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/certs"
 	"github.com/sluice-rl/sluice/descriptors"
@@ -89,5 +90,33 @@ func (t *Telemetry) ObserveTLS(stats func() certs.Stats) error {
 		o.ObserveInt64(reloads, int64(s.Failed), metric.WithAttributes(attribute.String("result", "failed")))
 		return nil
 	}, expiry, reloads)
+	return err
+}
+
+// ObserveAdmission reports the gRPC admission control when metrics are
+// read: calls shed by reason, and calls in flight and queued now.
+func (t *Telemetry) ObserveAdmission(stats func() admission.Stats) error {
+	m := t.meter
+	shed, err1 := m.Int64ObservableCounter("sluice.grpc.shed", metric.WithUnit("{call}"),
+		metric.WithDescription("ShouldRateLimit calls shed before they ran, by reason (queue_full: refused with RESOURCE_EXHAUSTED; deadline: the caller's deadline passed, or it gave up, while queued)."))
+	inFlight, err2 := m.Int64ObservableGauge("sluice.grpc.calls.in_flight", metric.WithUnit("{call}"),
+		metric.WithDescription("ShouldRateLimit calls running now."))
+	queued, err3 := m.Int64ObservableGauge("sluice.grpc.calls.queued", metric.WithUnit("{call}"),
+		metric.WithDescription("ShouldRateLimit calls waiting now for one of those running to finish."))
+	for _, err := range []error{err1, err2, err3} {
+		if err != nil {
+			return err
+		}
+	}
+	full := metric.WithAttributes(attribute.String("reason", admission.ReasonQueueFull))
+	deadline := metric.WithAttributes(attribute.String("reason", admission.ReasonDeadline))
+	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		s := stats()
+		o.ObserveInt64(shed, int64(s.ShedQueueFull), full)
+		o.ObserveInt64(shed, int64(s.ShedDeadline), deadline)
+		o.ObserveInt64(inFlight, int64(s.InFlight))
+		o.ObserveInt64(queued, int64(s.Queued))
+		return nil
+	}, shed, inFlight, queued)
 	return err
 }

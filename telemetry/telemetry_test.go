@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/smithy-go"
 
+	"github.com/sluice-rl/sluice/admission"
 	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
 )
 
@@ -85,6 +86,30 @@ func TestNewRefusesBadSampling(t *testing.T) {
 	for _, f := range []float64{-0.1, 1.5} {
 		if _, err := New(t.Context(), Options{TraceSampling: f}); err == nil {
 			t.Errorf("TraceSampling %v accepted", f)
+		}
+	}
+}
+
+// Admission control shows on /metrics as what its stats say when scraped.
+func TestAdmissionMetrics(t *testing.T) {
+	tel, err := New(t.Context(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	st := admission.Stats{InFlight: 7, Queued: 3, ShedQueueFull: 11, ShedDeadline: 2}
+	if err := tel.ObserveAdmission(func() admission.Stats { return st }); err != nil {
+		t.Fatal(err)
+	}
+	text := metricsText(t, tel)
+	for _, want := range []string{
+		`sluice_grpc_shed_total{reason="queue_full"} 11`,
+		`sluice_grpc_shed_total{reason="deadline"} 2`,
+		`sluice_grpc_calls_in_flight 7`,
+		`sluice_grpc_calls_queued 3`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, text)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/spf13/cobra"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
@@ -20,6 +21,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/sluice-rl/sluice/admission"
 	"github.com/sluice-rl/sluice/backend"
 	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/memory"
@@ -27,6 +29,14 @@ import (
 	"github.com/sluice-rl/sluice/descriptors"
 	"github.com/sluice-rl/sluice/ratelimit"
 	"github.com/sluice-rl/sluice/telemetry"
+)
+
+// The defaults of --max-concurrent-calls and --max-queued-calls (the
+// README's "Overload" explains them): far above what a healthy replica
+// holds, so that only a flood or a stalled backend reaches them.
+const (
+	defaultMaxConcurrentCalls = 1000
+	defaultMaxQueuedCalls     = 500
 )
 
 // serveOptions are the flags of `sluice serve`.
@@ -53,6 +63,9 @@ type serveOptions struct {
 	otlpInsecure                  bool
 	traceSampling                 float64
 	tlsCert, tlsKey, tlsClientCA  string
+	// overload is --max-concurrent-calls and --max-queued-calls; nil, as
+	// in options built in code (tests), means their defaults.
+	overload *admission.Limits
 	// spanExporter receives spans too, and decorate wraps the backend the
 	// service calls; tests set them, they are no flags.
 	spanExporter sdktrace.SpanExporter
@@ -60,7 +73,7 @@ type serveOptions struct {
 }
 
 func newServeCommand() *cobra.Command {
-	var o serveOptions
+	o := serveOptions{overload: &admission.Limits{}}
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the rate-limit service",
@@ -104,6 +117,8 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
 	f.BoolVar(&o.responseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to responses")
 	f.BoolVar(&o.pprof, "pprof", false, "serve /debug/pprof/ on the debug address")
+	f.IntVar(&o.overload.MaxInFlight, "max-concurrent-calls", defaultMaxConcurrentCalls, "most ShouldRateLimit calls worked on at once; more wait in a queue")
+	f.IntVar(&o.overload.MaxQueued, "max-queued-calls", defaultMaxQueuedCalls, "most ShouldRateLimit calls waiting for one of those in flight to finish; beyond, RESOURCE_EXHAUSTED at once; 0: no queue")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls may take to finish")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
@@ -128,6 +143,7 @@ type server struct {
 	backend                 servedBackend
 	certs                   *certs.Reloader // nil without TLS
 	telemetry               *telemetry.Telemetry
+	admission               *admission.Controller
 	// answered latches once the backend has answered a readiness probe:
 	// a later backend outage is the failure policy's to handle, not a
 	// reason to take every replica out of Envoy's endpoints.
@@ -149,6 +165,10 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 	}
 	if o.nearLimitRatio <= 0 || o.nearLimitRatio > 1 {
 		return nil, usageError{fmt.Errorf("--near-limit-ratio %v: want a fraction above 0, at most 1", o.nearLimitRatio)}
+	}
+	gate, err := newAdmission(o.overload)
+	if err != nil {
+		return nil, err
 	}
 	tel, err := telemetry.New(ctx, telemetry.Options{OTLPEndpoint: o.otlpEndpoint, OTLPInsecure: o.otlpInsecure,
 		TraceSampling: o.traceSampling, SpanExporter: o.spanExporter})
@@ -174,6 +194,7 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 		backend:         be,
 		telemetry:       tel,
 		shutdownTimeout: o.shutdownTimeout,
+		admission:       gate,
 		errc:            make(chan error, 3),
 		stopWatch:       stopWatch,
 	}
@@ -193,13 +214,22 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 		s.close()
 		return nil, err
 	}
+	if err := tel.ObserveAdmission(gate.Stats); err != nil {
+		s.close()
+		return nil, err
+	}
 	if d, ok := be.(*ddb.Backend); ok {
 		if err := tel.ObserveDynamoDB(d); err != nil {
 			s.close()
 			return nil, err
 		}
 	}
-	grpcOpts := append(tel.GRPCServerOptions(), grpc.ChainUnaryInterceptor(ratelimit.RecoverPanics(log)))
+	// Admission first: a call shed costs no work beyond its decoding.
+	// Only ShouldRateLimit is limited; health checks and reflection
+	// answer however loaded the server is.
+	grpcOpts := append(tel.GRPCServerOptions(), grpc.ChainUnaryInterceptor(
+		gate.UnaryServerInterceptor(rlsv3.RateLimitService_ShouldRateLimit_FullMethodName),
+		ratelimit.RecoverPanics(log)))
 	if creds, err := s.serveTLS(watchCtx, o); err != nil {
 		s.close()
 		return nil, err
@@ -226,12 +256,30 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 		s.debugSrv = &http.Server{Handler: s.debugHandler(o.pprof), ReadHeaderTimeout: 5 * time.Second}
 		go func() { s.errc <- ignoreClosed(s.debugSrv.Serve(s.debugLn)) }()
 	}
+	limits := gate.Stats().Limits
 	log.Info("sluice serving",
 		slog.String("grpc", s.grpcLn.Addr().String()), slog.String("http", s.httpLn.Addr().String()),
 		slog.String("debug", addrOf(s.debugLn)), slog.String("backend", o.backend),
 		slog.String("config_dir", o.configDir), slog.Int("domains", len(rules.Current().Domains())),
-		slog.String("on_backend_error", policy.String()), slog.Bool("shadow_mode", o.shadowMode))
+		slog.String("on_backend_error", policy.String()), slog.Bool("shadow_mode", o.shadowMode),
+		slog.Int("max_concurrent_calls", limits.MaxInFlight), slog.Int("max_queued_calls", limits.MaxQueued))
 	return s, nil
+}
+
+// newAdmission builds the admission control of --max-concurrent-calls and
+// --max-queued-calls; nil limits are the defaults.
+func newAdmission(l *admission.Limits) (*admission.Controller, error) {
+	lim := admission.Limits{MaxInFlight: defaultMaxConcurrentCalls, MaxQueued: defaultMaxQueuedCalls}
+	if l != nil {
+		lim = *l
+	}
+	if lim.MaxInFlight < 1 {
+		return nil, usageError{fmt.Errorf("--max-concurrent-calls %d: want at least 1", lim.MaxInFlight)}
+	}
+	if lim.MaxQueued < 0 {
+		return nil, usageError{fmt.Errorf("--max-queued-calls %d: want 0 (no queue) or more", lim.MaxQueued)}
+	}
+	return admission.New(lim)
 }
 
 // servedBackend is what serve needs of a backend beyond deciding: a
@@ -424,7 +472,9 @@ func (s *server) debugHandler(withPprof bool) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		enc.Encode(describe(s.rules, s.service, s.backend))
+		v := describe(s.rules, s.service, s.backend)
+		v.Overload = describeOverload(s.admission.Stats())
+		enc.Encode(v)
 	})
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -444,6 +494,23 @@ type configView struct {
 	Reloads     reloadView      `json:"reloads"`
 	Decisions   ratelimit.Stats `json:"decisions"`
 	DynamoDB    *dynamoDBView   `json:"dynamodb,omitempty"`
+	Overload    *overloadView   `json:"overload,omitempty"`
+}
+
+// overloadView shows the admission control of ShouldRateLimit calls: its
+// limits, what it holds now, and the calls shed so far by reason.
+type overloadView struct {
+	MaxConcurrentCalls int               `json:"max_concurrent_calls"`
+	MaxQueuedCalls     int               `json:"max_queued_calls"`
+	InFlight           int               `json:"in_flight"`
+	Queued             int               `json:"queued"`
+	Shed               map[string]uint64 `json:"shed"`
+}
+
+func describeOverload(st admission.Stats) *overloadView {
+	return &overloadView{MaxConcurrentCalls: st.MaxInFlight, MaxQueuedCalls: st.MaxQueued,
+		InFlight: st.InFlight, Queued: st.Queued,
+		Shed: map[string]uint64{admission.ReasonQueueFull: st.ShedQueueFull, admission.ReasonDeadline: st.ShedDeadline}}
 }
 
 // dynamoDBView shows what the DynamoDB backend has cost so far: calls and
