@@ -362,6 +362,25 @@ func Require(tb testing.TB) *Server {
 			tb.Logf("dynamodbtest: DynamoDB Local started on %s in %v", srv.Endpoint(), time.Since(begin).Round(time.Millisecond))
 		}
 	}
+	return orSkip(tb, srv, err)
+}
+
+// RequireOwn starts a server for this test alone, with o (a Dir to
+// Kill and Restart it with its data), and stops it in tb.Cleanup. Without
+// Java or the jar it skips, or fails with CI=true, as Require does.
+func RequireOwn(tb testing.TB, o Options) *Server {
+	tb.Helper()
+	begin := time.Now()
+	srv, err := StartWith(context.Background(), o)
+	if err == nil {
+		tb.Cleanup(srv.Stop)
+		tb.Logf("dynamodbtest: DynamoDB Local started on %s in %v", srv.Endpoint(), time.Since(begin).Round(time.Millisecond))
+	}
+	return orSkip(tb, srv, err)
+}
+
+func orSkip(tb testing.TB, srv *Server, err error) *Server {
+	tb.Helper()
 	switch {
 	case err == nil:
 		return srv
