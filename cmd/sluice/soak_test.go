@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -35,10 +34,6 @@ import (
 // once.
 var soakDuration = flag.Duration("soak.duration", 30*time.Second, "how long TestSoak runs mixed traffic with faults")
 
-// runMainEnv, set to 1, makes the test binary run as the sluice command
-// (see TestMain).
-const runMainEnv = "SLUICE_TEST_RUN_MAIN"
-
 const soakRules = `domain: soak
 descriptors:
   - key: user
@@ -57,7 +52,7 @@ type replica struct {
 	grpc, http string
 	mu         sync.Mutex
 	cmd        *exec.Cmd
-	out        *bytes.Buffer
+	out        *syncBuffer
 	exited     chan struct{}
 }
 
@@ -85,7 +80,7 @@ func (r *replica) start(t *testing.T) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], r.args...)
 	cmd.Env = append(os.Environ(), runMainEnv+"=1")
-	out := &bytes.Buffer{}
+	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

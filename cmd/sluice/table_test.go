@@ -2,7 +2,6 @@ package main
 
 import (
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,15 +13,7 @@ import (
 // TestMain shares one DynamoDB Local among the package's tests. It starts
 // on the first dynamodbtest.Require only, so without Java the other tests
 // run as before and only the DynamoDB ones skip (fail with CI=true).
-func TestMain(m *testing.M) {
-	// The soak test runs Sluice replicas as processes it can SIGKILL: this
-	// test binary, started again as the sluice command.
-	if os.Getenv(runMainEnv) == "1" {
-		main()
-		return
-	}
-	dynamodbtest.Main(m)
-}
+func TestMain(m *testing.M) { dynamodbtest.Main(m) }
 
 // awsEnv isolates the AWS SDK from the developer's environment: dummy
 // credentials (DynamoDB Local takes any), no shared config or profile,
