@@ -98,7 +98,8 @@ func startLoad(t *testing.T, addr string, workers int) *load {
 				}}}
 				ctx, cancel := context.WithTimeout(context.Background(), outageDeadline)
 				a := answer{start: time.Now()}
-				a.resp, err = client.ShouldRateLimit(ctx, req)
+				resp, err := client.ShouldRateLimit(ctx, req)
+				a.resp = resp
 				a.took, a.code = time.Since(a.start), status.Code(err)
 				cancel()
 				l.mu.Lock()
