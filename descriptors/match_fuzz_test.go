@@ -262,15 +262,14 @@ func FuzzMatch(f *testing.F) {
 	add(1, 0, 1<<31, seeds[13])           // B takes A's keys
 	add(0, 0, 1<<15, seeds[0])            // an override beside a rule
 	add(0, 0, 1<<15, [2][]string{{}, {}}) // an override without entries
-	var b strings.Builder
 	trees := map[string][]*genNode{}
 	files := map[string][]byte{}
 	for _, dom := range matchFuzzDomains {
 		trees[dom] = fuzzMatchTree(dom)
-		b.Reset()
-		fmt.Fprintf(&b, "domain: %s\ndescriptors:\n", dom)
-		writeGenNodes(&b, trees[dom], "  ")
-		files[dom+".yaml"] = []byte(b.String())
+		var src strings.Builder
+		fmt.Fprintf(&src, "domain: %s\ndescriptors:\n", dom)
+		writeGenNodes(&src, trees[dom], "  ")
+		files[dom+".yaml"] = []byte(src.String())
 	}
 	c, err := Parse(files)
 	if err != nil {
