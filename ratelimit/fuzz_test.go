@@ -3,6 +3,7 @@ package ratelimit_test
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -25,6 +26,10 @@ func FuzzShouldRateLimit(f *testing.F) {
 	f.Add("test", "slow", "a#b%c", "b", "y", uint64(1<<63), uint32(1<<31), false)
 	f.Add("", "", "", "", "", uint64(0), uint32(0), false)
 	f.Add("test", "blocked", "\x00", "unl", "*", ^uint64(0), ^uint32(0), true)
+	f.Add(strings.Repeat("d", 257), "ip", "1", "k", "v", uint64(1), uint32(1), false)
+	f.Add("test", strings.Repeat("k", 256), strings.Repeat("v", 4096), "ip", "1", uint64(1), uint32(1), false)
+	f.Add("test", "ip", "1", strings.Repeat("k", 257), "v", uint64(1), uint32(1), false)
+	f.Add("test", "ip", strings.Repeat("v", 4097), "k", "v", uint64(1), uint32(1), false)
 	be := memory.New(memory.Options{SweepInterval: -1, MaxBuckets: 1000})
 	defer be.Close()
 	svc := ratelimit.New(rules(f, testRules), be, ratelimit.Options{ResponseHeaders: true})
@@ -37,11 +42,19 @@ func FuzzShouldRateLimit(f *testing.F) {
 		}
 		req := &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: reqHits, Descriptors: []*rlv3.RateLimitDescriptor{d1, d2, desc(k2, v2)}}
 		resp, err := svc.ShouldRateLimit(context.Background(), req)
+		// The request is refused exactly when it breaks a documented rule:
+		// a name missing, or over a default input limit.
+		lim := ratelimit.DefaultInputLimits()
+		valid := domain != "" && k1 != "" && k2 != "" && len(domain) <= lim.MaxKeyLen &&
+			len(k1) <= lim.MaxKeyLen && len(k2) <= lim.MaxKeyLen && len(v1) <= lim.MaxValueLen && len(v2) <= lim.MaxValueLen
 		if err != nil {
-			if status.Code(err) != codes.InvalidArgument {
-				t.Fatalf("%v", err)
+			if status.Code(err) != codes.InvalidArgument || valid {
+				t.Fatalf("%v (the request is valid: %v)", err, valid)
 			}
 			return
+		}
+		if !valid {
+			t.Fatalf("an invalid request answered: %v", resp)
 		}
 		if len(resp.Statuses) != 3 {
 			t.Fatalf("%d statuses for 3 descriptors", len(resp.Statuses))

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // DynamoDB's key size limits, in UTF-8 bytes; GSI keys have the same ones.
@@ -511,4 +513,96 @@ func FuzzKeys(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzBucketKey checks the key of a bucket item as the backend writes it
+// (Backend.itemKey: PK and SK together), under no prefix, a short one and
+// the longest: two different (entity, resource) pairs never get one item,
+// whether the difference is in the entity, the resource or where a '#',
+// '%' or '/' falls between them; no pair's item is another pair's under
+// another prefix; and no data, '#' included, can make the item read back
+// as a key of another kind or as another pair: a reader blind to the data
+// gets back ENTITY# and #BUCKET# and exactly the entity and resource (or,
+// past the length bound, their hashes). GSI2's pair (resource, entity) is
+// held to the same.
+func FuzzBucketKey(f *testing.F) {
+	long := strings.Repeat("a", maxSegmentLen+1)
+	for _, s := range [][4]string{
+		{"10.0.0.1", "edge/remote_address", "10.0.0.1", "edge/remote_address"},
+		{"a", "b#", "a#", "b"},
+		{"a#", "b", "a", "#b"},
+		{"a", "#BUCKET#b", "a#BUCKET#", "b"},
+		{"x", "#META", "x#META", ""},
+		{"x", "_default_", "x#CONFIG#_default_", ""},
+		{"%23", "r", "#", "r"},
+		{"a/b", "c", "a", "b/c"},
+		{"p/ENTITY#x", "r", "x", "r"},
+		{"ENTITY#x", "r", "x", "r"},
+		{"", "", "", "#"},
+		{"\xff", "r", "%FF", "r"},
+		{long, "r", hashOf(long), "r"},
+		{long, "r", hashOf(long)[2:], "r"},
+		{"e", strings.Repeat("#", 171), "e", strings.Repeat("#", 170)},
+	} {
+		f.Add(s[0], s[1], s[2], s[3])
+	}
+	var keys []Keys
+	for _, p := range []string{"", "p", longestPrefix} {
+		keys = append(keys, mustKeys(f, p))
+	}
+	item := func(k Keys, e, r string) itemKey {
+		av := (&Backend{keys: k}).itemKey(bucketKey{entity: e, resource: r})
+		return itemKey{av[attrPK].(*types.AttributeValueMemberS).Value, av[attrSK].(*types.AttributeValueMemberS).Value}
+	}
+	f.Fuzz(func(t *testing.T, e1, r1, e2, r2 string) {
+		same := e1 == e2 && r1 == r2
+		for i, k := range keys {
+			for _, er := range [][2]string{{e1, r1}, {e2, r2}} {
+				checkBucketItem(t, k, er[0], er[1], item(k, er[0], er[1]))
+			}
+			a, b := item(k, e1, r1), item(k, e2, r2)
+			if (a == b) != same {
+				t.Fatalf("prefix %q: (%q, %q) -> %v and (%q, %q) -> %v", k.Prefix(), e1, r1, a, e2, r2, b)
+			}
+			ga := itemKey{k.GSI2PK(r1), GSI2SK(e1)}
+			if gb := (itemKey{k.GSI2PK(r2), GSI2SK(e2)}); (ga == gb) != same {
+				t.Fatalf("prefix %q: GSI2 keys of (%q, %q) and (%q, %q): %v and %v", k.Prefix(), e1, r1, e2, r2, ga, gb)
+			}
+			for _, other := range keys[i+1:] {
+				if item(other, e2, r2) == a || item(other, e1, r1) == a {
+					t.Fatalf("the item of (%q, %q) under prefix %q is also one under prefix %q", e1, r1, k.Prefix(), other.Prefix())
+				}
+			}
+			// Whatever the data, a bucket is no meta, config or system item.
+			for _, o := range []itemKey{
+				{k.EntityPK(e2), MetaSK()}, {k.EntityPK(e2), k.ConfigSK(r2)}, {k.EntityPK(r2), k.ConfigSK(e2)},
+				{k.ResourcePK(r2), ResourceConfigSK()}, {k.ResourcePK(e2), ResourceConfigSK()}, {k.SystemPK(), ResourceConfigSK()},
+			} {
+				if o == a {
+					t.Fatalf("the bucket (%q, %q) has the key of another item kind: %v", e1, r1, o)
+				}
+			}
+		}
+	})
+}
+
+// itemKey is the primary key of an item: PK and SK.
+type itemKey struct{ pk, sk string }
+
+// checkBucketItem reads a bucket item's key back as a reader that knows
+// only the layout would, and checks it names exactly (e, r) under k.
+func checkBucketItem(t *testing.T, k Keys, e, r string, key itemKey) {
+	t.Helper()
+	prefix, kind, eSeg := parsePK(key.pk)
+	skKind, rSeg := parseSK(key.sk)
+	if prefix != k.Prefix() || kind != entityMarker || skKind != bucketSKMarker {
+		t.Fatalf("bucket (%q, %q) under %q: PK %q SK %q read back as prefix %q, kinds %q and %q",
+			e, r, k.Prefix(), key.pk, key.sk, prefix, kind, skKind)
+	}
+	for _, c := range []struct{ what, seg, orig string }{{"entity", eSeg, e}, {"resource", rSeg, r}} {
+		got, ok := Decode(c.seg)
+		if (!ok && !(Hashed(c.seg) && c.seg == hashOf(c.orig))) || (ok && got != c.orig) {
+			t.Fatalf("bucket (%q, %q): the %s reads back from %q as %q (ok %v)", e, r, c.what, c.seg, got, ok)
+		}
+	}
 }

@@ -63,6 +63,7 @@ type serveOptions struct {
 	otlpInsecure                  bool
 	traceSampling                 float64
 	tlsCert, tlsKey, tlsClientCA  string
+	input                         ratelimit.InputLimits // zero fields: the defaults
 	// overload is --max-concurrent-calls and --max-queued-calls; nil, as
 	// in options built in code (tests), means their defaults.
 	overload *admission.Limits
@@ -89,6 +90,9 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(cmd.ErrOrStderr(), o.logLevel, o.logFormat)
 			if err != nil {
+				return err
+			}
+			if err := checkInputLimits(o.input); err != nil {
 				return err
 			}
 			s, err := startServer(cmd.Context(), o, log)
@@ -129,7 +133,27 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 	f.StringVar(&o.tlsCert, "tls-cert", "", "serve gRPC over TLS with this certificate (PEM, intermediates after it); reloaded when the file changes")
 	f.StringVar(&o.tlsKey, "tls-key", "", "the key of --tls-cert (PEM)")
 	f.StringVar(&o.tlsClientCA, "tls-client-ca", "", "require client certificates signed by this CA bundle (mutual TLS); reloaded when the file changes")
+	in := ratelimit.DefaultInputLimits()
+	f.IntVar(&o.input.MaxDescriptors, "max-descriptors", in.MaxDescriptors, "most descriptors in one request; a request with more is refused with INVALID_ARGUMENT")
+	f.IntVar(&o.input.MaxEntries, "max-entries", in.MaxEntries, "most entries in one descriptor; more is refused with INVALID_ARGUMENT")
+	f.IntVar(&o.input.MaxKeyLen, "max-key-bytes", in.MaxKeyLen, "longest domain or entry key, in bytes; longer is refused with INVALID_ARGUMENT")
+	f.IntVar(&o.input.MaxValueLen, "max-value-bytes", in.MaxValueLen, "longest entry value, in bytes; longer is refused with INVALID_ARGUMENT")
 	return cmd
+}
+
+// checkInputLimits refuses a limit flag of zero or less. ratelimit.Options
+// takes a zero limit as unset, so such a flag would quietly mean the
+// default; it is a mistake to report instead.
+func checkInputLimits(l ratelimit.InputLimits) error {
+	for _, f := range []struct {
+		flag string
+		v    int
+	}{{"--max-descriptors", l.MaxDescriptors}, {"--max-entries", l.MaxEntries}, {"--max-key-bytes", l.MaxKeyLen}, {"--max-value-bytes", l.MaxValueLen}} {
+		if f.v <= 0 {
+			return usageError{fmt.Errorf("%s %d: want a positive number", f.flag, f.v)}
+		}
+	}
+	return nil
 }
 
 // server is a running `sluice serve`.
@@ -209,6 +233,7 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 		Logger:          log,
 		Observer:        tel,
 		NearLimitRatio:  o.nearLimitRatio,
+		Input:           o.input,
 	})
 	if err := tel.ObserveRules(rules.Stats); err != nil {
 		s.close()
