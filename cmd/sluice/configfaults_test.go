@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -56,31 +55,13 @@ const (
 	badRuleError = faultsFile + `:4: rate_limit.unit: invalid unit "fortnight"`
 )
 
-// logBuffer is the server's log, written by its goroutines, read by the test.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // faultRig is a serving sluice, its rules directory and the traffic
 // running against it.
 type faultRig struct {
 	t      *testing.T
 	s      *server
 	dir    string
-	logs   *logBuffer
+	logs   *syncBuffer
 	client rlsv3.RateLimitServiceClient
 	gen    int // the last good generation written
 
@@ -102,7 +83,7 @@ type faultRig struct {
 func startFaultRig(t *testing.T, dir string, layout func()) *faultRig {
 	t.Helper()
 	layout()
-	r := &faultRig{t: t, dir: dir, logs: &logBuffer{}, gen: 1, stop: make(chan struct{})}
+	r := &faultRig{t: t, dir: dir, logs: &syncBuffer{}, gen: 1, stop: make(chan struct{})}
 	r.allow("gen-1")
 	ctx, cancel := context.WithCancel(context.Background())
 	s, err := startServer(ctx, testOptions(dir), slog.New(slog.NewTextHandler(r.logs, nil)))

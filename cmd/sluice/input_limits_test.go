@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,25 +20,6 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// lockedBuffer is a bytes.Buffer a running command writes while the test
-// reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // runServe runs `sluice serve` with args, as the binary would (flags,
 // environment, validation), on loopback ports of its own, and returns a
 // client of its gRPC port once it logs that it serves. The server stops
@@ -47,7 +27,7 @@ func (b *lockedBuffer) String() string {
 func runServe(t *testing.T, args ...string) rlsv3.RateLimitServiceClient {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := &lockedBuffer{}
+	logs := &syncBuffer{}
 	done := make(chan int, 1)
 	args = append([]string{"serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", ""}, args...)
 	go func() { done <- run(ctx, args, io.Discard, logs) }()
