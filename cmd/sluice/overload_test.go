@@ -101,7 +101,7 @@ func TestOverloadIsShed(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := testOptions(dir)
-	o.overload = &admission.Limits{MaxInFlight: inFlight, MaxQueued: queued}
+	o.overload = admission.Limits{MaxInFlight: inFlight, MaxQueued: queued}
 	o.decorate = func(be backend.Backend) backend.Backend {
 		return capacityBackend{Backend: be, slots: make(chan struct{}, slots), hold: hold}
 	}
@@ -278,7 +278,7 @@ func TestNoQueue(t *testing.T) {
 	}
 	started := make(chan struct{}, 1)
 	o := testOptions(dir)
-	o.overload = &admission.Limits{MaxInFlight: 1, MaxQueued: 0}
+	o.overload = admission.Limits{MaxInFlight: 1, MaxQueued: 0}
 	o.decorate = func(be backend.Backend) backend.Backend {
 		return slowBackend{Backend: be, delay: 500 * time.Millisecond, started: started}
 	}

@@ -14,6 +14,7 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -29,14 +30,6 @@ import (
 	"github.com/sluice-rl/sluice/descriptors"
 	"github.com/sluice-rl/sluice/ratelimit"
 	"github.com/sluice-rl/sluice/telemetry"
-)
-
-// The defaults of --max-concurrent-calls and --max-queued-calls (the
-// README's "Overload" explains them): far above what a healthy replica
-// holds, so that only a flood or a stalled backend reaches them.
-const (
-	defaultMaxConcurrentCalls = 1000
-	defaultMaxQueuedCalls     = 500
 )
 
 // serveOptions are the flags of `sluice serve`.
@@ -63,10 +56,8 @@ type serveOptions struct {
 	otlpInsecure                  bool
 	traceSampling                 float64
 	tlsCert, tlsKey, tlsClientCA  string
-	input                         ratelimit.InputLimits // zero fields: the defaults
-	// overload is --max-concurrent-calls and --max-queued-calls; nil, as
-	// in options built in code (tests), means their defaults.
-	overload *admission.Limits
+	input                         ratelimit.InputLimits
+	overload                      admission.Limits
 	// spanExporter receives spans too, and decorate wraps the backend the
 	// service calls; tests set them, they are no flags.
 	spanExporter sdktrace.SpanExporter
@@ -74,7 +65,7 @@ type serveOptions struct {
 }
 
 func newServeCommand() *cobra.Command {
-	o := serveOptions{overload: &admission.Limits{}}
+	var o serveOptions
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the rate-limit service",
@@ -92,9 +83,6 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 			if err != nil {
 				return err
 			}
-			if err := checkInputLimits(o.input); err != nil {
-				return err
-			}
 			s, err := startServer(cmd.Context(), o, log)
 			if err != nil {
 				return err
@@ -102,7 +90,14 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 			return s.wait(cmd.Context())
 		},
 	}
-	f := cmd.Flags()
+	o.register(cmd.Flags())
+	return cmd
+}
+
+// register defines the flags of serve on f, each with its default, into
+// o. Tests build their options the same way, so they start from the
+// defaults an operator gets.
+func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.grpcAddr, "grpc-addr", ":8081", "address of the gRPC RateLimitService (and gRPC health, reflection)")
 	f.StringVar(&o.httpAddr, "http-addr", ":8080", "address of /healthz and /readyz")
 	f.StringVar(&o.debugAddr, "debug-addr", "127.0.0.1:6070", "address of /debug/config (and pprof with --pprof); empty disables it")
@@ -121,8 +116,11 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
 	f.BoolVar(&o.responseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to responses")
 	f.BoolVar(&o.pprof, "pprof", false, "serve /debug/pprof/ on the debug address")
-	f.IntVar(&o.overload.MaxInFlight, "max-concurrent-calls", defaultMaxConcurrentCalls, "most ShouldRateLimit calls worked on at once; more wait in a queue")
-	f.IntVar(&o.overload.MaxQueued, "max-queued-calls", defaultMaxQueuedCalls, "most ShouldRateLimit calls waiting for one of those in flight to finish; beyond, RESOURCE_EXHAUSTED at once; 0: no queue")
+	// Far above what a healthy replica holds (the README's "Overload"
+	// explains them), so that only a flood or a stalled backend reaches
+	// them.
+	f.IntVar(&o.overload.MaxInFlight, "max-concurrent-calls", 1000, "most ShouldRateLimit calls worked on at once; more wait in a queue")
+	f.IntVar(&o.overload.MaxQueued, "max-queued-calls", 500, "most ShouldRateLimit calls waiting for one of those in flight to finish; beyond, RESOURCE_EXHAUSTED at once; 0: no queue")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls may take to finish")
 	f.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&o.logFormat, "log-format", "text", "text or json")
@@ -138,7 +136,6 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 	f.IntVar(&o.input.MaxEntries, "max-entries", in.MaxEntries, "most entries in one descriptor; more is refused with INVALID_ARGUMENT")
 	f.IntVar(&o.input.MaxKeyLen, "max-key-bytes", in.MaxKeyLen, "longest domain or entry key, in bytes; longer is refused with INVALID_ARGUMENT")
 	f.IntVar(&o.input.MaxValueLen, "max-value-bytes", in.MaxValueLen, "longest entry value, in bytes; longer is refused with INVALID_ARGUMENT")
-	return cmd
 }
 
 // checkInputLimits refuses a limit flag of zero or less. ratelimit.Options
@@ -189,6 +186,9 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 	}
 	if o.nearLimitRatio <= 0 || o.nearLimitRatio > 1 {
 		return nil, usageError{fmt.Errorf("--near-limit-ratio %v: want a fraction above 0, at most 1", o.nearLimitRatio)}
+	}
+	if err := checkInputLimits(o.input); err != nil {
+		return nil, err
 	}
 	gate, err := newAdmission(o.overload)
 	if err != nil {
@@ -292,12 +292,8 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 }
 
 // newAdmission builds the admission control of --max-concurrent-calls and
-// --max-queued-calls; nil limits are the defaults.
-func newAdmission(l *admission.Limits) (*admission.Controller, error) {
-	lim := admission.Limits{MaxInFlight: defaultMaxConcurrentCalls, MaxQueued: defaultMaxQueuedCalls}
-	if l != nil {
-		lim = *l
-	}
+// --max-queued-calls.
+func newAdmission(lim admission.Limits) (*admission.Controller, error) {
 	if lim.MaxInFlight < 1 {
 		return nil, usageError{fmt.Errorf("--max-concurrent-calls %d: want at least 1", lim.MaxInFlight)}
 	}
@@ -497,9 +493,7 @@ func (s *server) debugHandler(withPprof bool) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		v := describe(s.rules, s.service, s.backend)
-		v.Overload = describeOverload(s.admission.Stats())
-		enc.Encode(v)
+		enc.Encode(s.describe())
 	})
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -519,7 +513,7 @@ type configView struct {
 	Reloads     reloadView      `json:"reloads"`
 	Decisions   ratelimit.Stats `json:"decisions"`
 	DynamoDB    *dynamoDBView   `json:"dynamodb,omitempty"`
-	Overload    *overloadView   `json:"overload,omitempty"`
+	Overload    overloadView    `json:"overload"`
 }
 
 // overloadView shows the admission control of ShouldRateLimit calls: its
@@ -532,8 +526,8 @@ type overloadView struct {
 	Shed               map[string]uint64 `json:"shed"`
 }
 
-func describeOverload(st admission.Stats) *overloadView {
-	return &overloadView{MaxConcurrentCalls: st.MaxInFlight, MaxQueuedCalls: st.MaxQueued,
+func describeOverload(st admission.Stats) overloadView {
+	return overloadView{MaxConcurrentCalls: st.MaxInFlight, MaxQueuedCalls: st.MaxQueued,
 		InFlight: st.InFlight, Queued: st.Queued,
 		Shed: map[string]uint64{admission.ReasonQueueFull: st.ShedQueueFull, admission.ReasonDeadline: st.ShedDeadline}}
 }
@@ -573,7 +567,9 @@ type ruleView struct {
 	Replaces  []string `json:"replaces,omitempty"`
 }
 
-func describe(rules *descriptors.Watcher, svc *ratelimit.Service, be servedBackend) configView {
+// describe is what /debug/config shows of s.
+func (s *server) describe() configView {
+	rules, svc, be := s.rules, s.service, s.backend
 	cfg := rules.Current()
 	st := rules.Stats()
 	v := configView{
@@ -581,6 +577,7 @@ func describe(rules *descriptors.Watcher, svc *ratelimit.Service, be servedBacke
 		Domains:     cfg.Domains(),
 		Reloads:     reloadView{OK: st.OK, Failed: st.Failed, LastError: st.LastError, LastOK: st.LastOK, LastAttempt: st.LastAttempt},
 		Decisions:   svc.Stats(),
+		Overload:    describeOverload(s.admission.Stats()),
 	}
 	if d, ok := be.(*ddb.Backend); ok {
 		st := d.Stats()

@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -45,13 +46,14 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 50}
 `
 
+// testOptions are serve's defaults, as its flags give them, with every
+// listener on a free loopback port and the rules read from dir.
 func testOptions(dir string) serveOptions {
-	return serveOptions{
-		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", debugAddr: "127.0.0.1:0",
-		configDir: dir, backend: "memory", onBackendError: "error", ttlMultiplier: 7, configCacheTTL: time.Minute, nearLimitRatio: 0.8,
-		coalesceWrites: true, denyStaleness: time.Second,
-		shutdownTimeout: 5 * time.Second, logLevel: "info", logFormat: "text",
-	}
+	var o serveOptions
+	o.register(pflag.NewFlagSet("serve", pflag.PanicOnError))
+	o.grpcAddr, o.httpAddr, o.debugAddr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	o.configDir, o.shutdownTimeout = dir, 5*time.Second
+	return o
 }
 
 func startTestServer(t *testing.T, o serveOptions) (*server, context.CancelFunc, chan error) {
@@ -360,7 +362,7 @@ func TestServeOnDynamoDB(t *testing.T) {
 	checkMetricsDocumented(t, got, true)
 
 	// What DynamoDB cost is visible on /debug/config.
-	view := describe(s.rules, s.service, s.backend)
+	view := s.describe()
 	if view.DynamoDB == nil || view.DynamoDB.Calls["UpdateItem"] == 0 || view.DynamoDB.WriteUnits <= 0 || view.DynamoDB.CacheMisses == 0 {
 		t.Fatalf("dynamodb costs not shown: %+v", view.DynamoDB)
 	}
