@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -164,59 +162,4 @@ func servingAddrs(log string) map[string]string {
 		return addrs
 	}
 	return nil
-}
-
-// tcpProxy forwards connections to a target until closed. Closing it cuts
-// the connections it carries too, so whatever is behind it looks dead.
-type tcpProxy struct {
-	ln     net.Listener
-	mu     sync.Mutex
-	conns  []net.Conn
-	closed bool
-}
-
-func startProxy(t *testing.T, target string) *tcpProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &tcpProxy{ln: ln}
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				in.Close()
-				continue
-			}
-			p.mu.Lock()
-			if p.closed {
-				in.Close()
-				out.Close()
-			}
-			p.conns = append(p.conns, in, out)
-			p.mu.Unlock()
-			go func() { io.Copy(out, in); out.Close() }()
-			go func() { io.Copy(in, out); in.Close() }()
-		}
-	}()
-	t.Cleanup(p.Close)
-	return p
-}
-
-func (p *tcpProxy) Addr() string { return p.ln.Addr().String() }
-
-func (p *tcpProxy) Close() {
-	p.ln.Close()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = true
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
 }

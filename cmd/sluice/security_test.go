@@ -433,9 +433,13 @@ func TestLogsKeepSecretsOutOnDynamoDB(t *testing.T) {
 			if out, code := sluiceProcess(t, "table", "create", "--table", table, "--region", "us-east-1", "--endpoint", srv.Endpoint()); code != 0 {
 				t.Fatalf("table create: exit %d\n%s", code, out)
 			}
-			proxy := startProxy(t, target)
+			proxy, err := dynamodbtest.NewProxy(target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { proxy.Close() })
 			p := startServeProcess(t, "--backend", "dynamodb", "--table", table, "--region", "us-east-1",
-				"--endpoint", "http://"+proxy.Addr(), "--config-dir", dir, "--log-level", "debug", "--log-format", format,
+				"--endpoint", proxy.Endpoint(), "--config-dir", dir, "--log-level", "debug", "--log-format", format,
 				"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0")
 			c := dial(t, p.addrs["grpc"])
 
@@ -456,7 +460,7 @@ func TestLogsKeepSecretsOutOnDynamoDB(t *testing.T) {
 			if _, err := srv.Client(t.Context()).DeleteTable(t.Context(), &dynamodb.DeleteTableInput{TableName: aws.String(table)}); err != nil {
 				t.Fatal(err)
 			}
-			_, err := ask(c, "api", "api_key", "sk-"+apiKeyMarker+"-2")
+			_, err = ask(c, "api", "api_key", "sk-"+apiKeyMarker+"-2")
 			if status.Code(err) != codes.Unavailable {
 				t.Fatalf("on a deleted table: %v, want UNAVAILABLE", err)
 			}
@@ -493,8 +497,11 @@ func TestAdminCommandsKeepCredentialsOut(t *testing.T) {
 	setAWSSecrets(t)
 	table := dynamodbtest.TableName(t)
 	at := []string{"--table", table, "--region", "us-east-1", "--endpoint", srv.Endpoint()}
-	dead := startProxy(t, "127.0.0.1:1")
-	dead.Close()
+	dead, err := dynamodbtest.NewProxy("127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead.Close() // its address now refuses connections
 	for _, c := range []struct {
 		args []string
 		code int
@@ -508,8 +515,8 @@ func TestAdminCommandsKeepCredentialsOut(t *testing.T) {
 		{append([]string{"entity", "get", "acme"}, at...), 0},
 		{append([]string{"buckets", "list", "--resource", "chat"}, at...), 0},
 		{[]string{"limits", "get", "--system", "--table", table + "-missing", "--region", "us-east-1", "--endpoint", srv.Endpoint()}, 1},
-		{[]string{"limits", "list", "--table", table, "--region", "us-east-1", "--endpoint", "http://" + dead.Addr()}, 1},
-		{[]string{"table", "create", "--table", table + "-dead", "--region", "us-east-1", "--endpoint", "http://" + dead.Addr()}, 1},
+		{[]string{"limits", "list", "--table", table, "--region", "us-east-1", "--endpoint", dead.Endpoint()}, 1},
+		{[]string{"table", "create", "--table", table + "-dead", "--region", "us-east-1", "--endpoint", dead.Endpoint()}, 1},
 	} {
 		out, code := sluiceProcess(t, c.args...)
 		if code != c.code {
