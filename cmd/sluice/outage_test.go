@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -66,12 +67,20 @@ func (a answer) byPolicy(policy string) bool {
 // load calls Sluice from workers goroutines until stopped, over 16
 // addresses, and keeps every answer.
 type load struct {
+	// steady is when the load was decided normally; goroutines and heap
+	// are the process's a second later, before any fault.
+	steady     time.Time
+	goroutines int
+	heap       uint64
+
 	mu      sync.Mutex
 	answers []answer
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }
 
+// startLoad starts the load on the Sluice at addr and returns once its
+// calls are decided normally, with a second of baseline behind it.
 func startLoad(t *testing.T, addr string, workers int) *load {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -109,6 +118,10 @@ func startLoad(t *testing.T, addr string, workers int) *load {
 			}
 		}()
 	}
+	l.warm(t)
+	l.steady = time.Now()
+	time.Sleep(time.Second) // the baseline
+	l.goroutines, l.heap = runtime.NumGoroutine(), heapInUse()
 	return l
 }
 
@@ -304,7 +317,7 @@ func checkCounted(t *testing.T, s *server, policy string, answers []answer) {
 	}
 	errs := 0.0
 	for k, v := range got {
-		if len(k) > len("sluice_backend_call_errors_total{") && k[:len("sluice_backend_call_errors_total{")] == "sluice_backend_call_errors_total{" {
+		if strings.HasPrefix(k, "sluice_backend_call_errors_total{") {
 			errs += v
 		}
 	}
@@ -352,10 +365,6 @@ func TestBackendKilledAndRestarted(t *testing.T) {
 		t.Run(policy, func(t *testing.T) {
 			s := e.serve(t, policy)
 			l := startLoad(t, s.grpcLn.Addr().String(), 8)
-			l.warm(t)
-			warm := time.Now()
-			time.Sleep(time.Second)
-			goroutines, heap := runtime.NumGoroutine(), heapInUse()
 			killed := time.Now()
 			e.ddb.Kill()
 			time.Sleep(1500 * time.Millisecond)
@@ -367,13 +376,13 @@ func TestBackendKilledAndRestarted(t *testing.T) {
 			answers := l.end()
 
 			checkAnswered(t, answers)
-			baseline(t, between(answers, warm, killed))
+			baseline(t, between(answers, l.steady, killed))
 			// A call already in flight at the kill, or started while the
 			// restarted server was coming up, may go either way.
 			checkPolicy(t, "backend down", policy, between(answers, killed.Add(outageDeadline), back.Add(-2*time.Second)))
 			checkRecovered(t, "killed and restarted", answers, back)
 			checkCounted(t, s, policy, answers)
-			checkNoLeaks(t, goroutines, heap)
+			checkNoLeaks(t, l.goroutines, l.heap)
 			t.Logf("%d calls", len(answers))
 		})
 	}
@@ -387,11 +396,6 @@ func TestBackendSlowAndPartitioned(t *testing.T) {
 	e := newOutageEnv(t, true)
 	s := e.serve(t, "deny")
 	l := startLoad(t, s.grpcLn.Addr().String(), 8)
-	l.warm(t)
-	warm := time.Now()
-	time.Sleep(time.Second)
-	goroutines, heap := runtime.NumGoroutine(), heapInUse()
-
 	slow := time.Now()
 	e.proxy.SetDelay(40 * time.Millisecond) // slower, still within the deadline
 	time.Sleep(1500 * time.Millisecond)
@@ -410,7 +414,7 @@ func TestBackendSlowAndPartitioned(t *testing.T) {
 	answers := l.end()
 
 	checkAnswered(t, answers)
-	baseline(t, between(answers, warm, slow))
+	baseline(t, between(answers, l.steady, slow))
 	// Added latency shorter than the deadline only slows decisions down:
 	// each DynamoDB call of a decision pays it.
 	slowOnes := between(answers, slow.Add(outageDeadline), late)
@@ -428,7 +432,7 @@ func TestBackendSlowAndPartitioned(t *testing.T) {
 	checkPolicy(t, "partitioned", "deny", between(answers, cut.Add(outageDeadline), healed.Add(-outageDeadline)))
 	checkRecovered(t, "partition healed", answers, healed)
 	checkCounted(t, s, "deny", answers)
-	checkNoLeaks(t, goroutines, heap)
+	checkNoLeaks(t, l.goroutines, l.heap)
 	t.Logf("%d calls", len(answers))
 	checkTable(t, e.ddb, e.table)
 }

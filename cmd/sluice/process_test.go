@@ -78,29 +78,34 @@ func sluiceProcess(t *testing.T, args ...string) (string, int) {
 
 // serveProcess is `sluice serve` running as a process of its own.
 type serveProcess struct {
+	args  []string
 	cmd   *exec.Cmd
-	out   *syncBuffer // stdout and stderr
+	out   *syncBuffer // stdout and stderr of the current process
 	addrs map[string]string
-	done  chan error
+	done  chan error // holds the current process's exit once it has exited
 }
 
 // startServeProcess runs `sluice serve args...` and returns once it logs
-// that it serves; the test's end stops it.
+// that it serves; the test's end kills it.
 func startServeProcess(t *testing.T, args ...string) *serveProcess {
 	t.Helper()
-	p := &serveProcess{out: &syncBuffer{}, done: make(chan error, 1)}
-	p.cmd = exec.Command(os.Args[0], append([]string{"serve"}, args...)...)
+	p := &serveProcess{args: args}
+	p.start(t)
+	t.Cleanup(p.kill)
+	return p
+}
+
+// start runs the process and waits until it logs its addresses.
+func (p *serveProcess) start(t *testing.T) {
+	t.Helper()
+	p.out, p.done, p.addrs = &syncBuffer{}, make(chan error, 1), nil
+	p.cmd = exec.Command(os.Args[0], append([]string{"serve"}, p.args...)...)
 	p.cmd.Env = append(os.Environ(), runMainEnv+"=1")
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { p.done <- p.cmd.Wait() }()
-	t.Cleanup(func() {
-		p.cmd.Process.Kill()
-		<-p.done
-		p.done <- nil
-	})
+	go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(p.cmd, p.done)
 	deadline := time.After(20 * time.Second)
 	for p.addrs == nil {
 		select {
@@ -113,7 +118,23 @@ func startServeProcess(t *testing.T, args ...string) *serveProcess {
 			p.addrs = servingAddrs(p.out.String())
 		}
 	}
-	return p
+}
+
+// kill ends the process with SIGKILL, as a lost node: no drain, no
+// flush. It is safe to call after the process has exited.
+func (p *serveProcess) kill() {
+	p.cmd.Process.Kill()
+	err := <-p.done
+	p.done <- err
+}
+
+// restart kills the process and starts it again, serving gRPC and HTTP
+// on the addresses it had, so its clients find it where it was.
+func (p *serveProcess) restart(t *testing.T) {
+	t.Helper()
+	p.kill()
+	p.args = append(p.args, "--grpc-addr", p.addrs["grpc"], "--http-addr", p.addrs["http"]) // the last of a flag wins
+	p.start(t)
 }
 
 // stop sends SIGTERM, as Kubernetes does, and returns all the process

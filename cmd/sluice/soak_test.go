@@ -5,10 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -45,79 +42,6 @@ descriptors:
   - key: free
     rate_limit: {unlimited: true}
 `
-
-// replica is one `sluice serve` process that the soak kills and restarts.
-type replica struct {
-	args       []string
-	grpc, http string
-	mu         sync.Mutex
-	cmd        *exec.Cmd
-	out        *syncBuffer
-	exited     chan struct{}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func startReplica(t *testing.T, args ...string) *replica {
-	t.Helper()
-	r := &replica{grpc: freeAddr(t), http: freeAddr(t)}
-	r.args = append([]string{"serve", "--grpc-addr", r.grpc, "--http-addr", r.http, "--debug-addr", "", "--log-level", "warn"}, args...)
-	r.start(t)
-	t.Cleanup(r.kill)
-	return r
-}
-
-// start runs the process and waits until /readyz answers 200.
-func (r *replica) start(t *testing.T) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], r.args...)
-	cmd.Env = append(os.Environ(), runMainEnv+"=1")
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	r.mu.Lock()
-	r.cmd, r.out, r.exited = cmd, out, exited
-	r.mu.Unlock()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get("http://" + r.http + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		select {
-		case <-exited:
-			t.Fatalf("replica exited at start:\n%s", out)
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica not ready after 60 s:\n%s", out)
-		}
-	}
-}
-
-// kill ends the process with SIGKILL: no drain, no flush, as a node lost.
-func (r *replica) kill() {
-	r.mu.Lock()
-	cmd, exited := r.cmd, r.exited
-	r.mu.Unlock()
-	cmd.Process.Kill()
-	<-exited
-}
 
 // soakCall is one call of the soak and what it got.
 type soakCall struct {
@@ -208,13 +132,14 @@ func TestSoak(t *testing.T) {
 	// No bucket expires during the run (--ttl-multiplier 0), so each
 	// bucket's consumed total counts every admission since the start.
 	common := []string{"--ttl-multiplier", "0", "--config-dir", dir, "--backend", "dynamodb", "--table", table, "--region", "us-east-1", "--endpoint", proxy.Endpoint()}
-	replicas := []*replica{
-		startReplica(t, append(common, "--on-backend-error", "error")...),
-		startReplica(t, append(common, "--on-backend-error", "deny")...),
+	local := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", ""}
+	replicas := []*serveProcess{
+		startServeProcess(t, slices.Concat(local, common, []string{"--on-backend-error", "error"})...),
+		startServeProcess(t, slices.Concat(local, common, []string{"--on-backend-error", "deny"})...),
 	}
 	clients := make([]rlsv3.RateLimitServiceClient, len(replicas))
 	for i, r := range replicas {
-		conn, err := grpc.NewClient(r.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(r.addrs["grpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -270,7 +195,7 @@ func TestSoak(t *testing.T) {
 				t.Error(err)
 			}
 		}},
-		{"replica killed", replicas[0].kill, func() { replicas[0].start(t) }},
+		{"replica killed", replicas[0].kill, func() { replicas[0].restart(t) }},
 		{"rule file broken", func() {
 			os.WriteFile(rulesFile, []byte("domain: soak\ndescriptors: [\n"), 0o644)
 		}, func() { os.WriteFile(rulesFile, []byte(soakRules), 0o644) }},
@@ -382,9 +307,7 @@ func TestSoak(t *testing.T) {
 	}
 	if t.Failed() {
 		for i, r := range replicas {
-			r.mu.Lock()
 			out := r.out.String()
-			r.mu.Unlock()
 			t.Logf("replica %d's last output:\n%s", i, out[max(0, len(out)-3000):])
 		}
 	}
