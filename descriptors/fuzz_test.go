@@ -24,6 +24,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("domain: [\n"))
 	f.Add([]byte("\x00\xff"))
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    limits: [{name: a, rate: 0/1ms}]\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: a=b\n    value: c\n  - key: a\n    value: b=c\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse(map[string][]byte{"f.yaml": data})
 		if err != nil {
@@ -32,7 +33,12 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
+		paths := map[string]bool{}
 		for _, r := range c.Rules() {
+			if paths[r.Path] {
+				t.Fatalf("two rules share the path %q", r.Path)
+			}
+			paths[r.Path] = true
 			if !strings.HasPrefix(r.Path, r.Domain+"/") {
 				t.Fatalf("rule path %q outside its domain %q", r.Path, r.Domain)
 			}

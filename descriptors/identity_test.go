@@ -139,6 +139,10 @@ func TestLimitOverride(t *testing.T) {
 		// The config would match "everyone=yes" with 1/day: the override wins.
 		{"ignores the config", "api", override(typev3.RateLimitUnit_MINUTE, 42, 0, "everyone", "yes"), true, 42, bucket.Minute, "yes", "api/everyone/override"},
 		{"no matching rule needed", "api", override(typev3.RateLimitUnit_SECOND, 0, 0, "k1", "a/b", "k2", "c"), true, 0, bucket.Second, "a%2Fb/c", "api/k1/k2/override"},
+		// Keys are escaped as values are: ("a/b","c") and ("a","b/c") are
+		// two key lists, two buckets.
+		{"key with a slash", "api", override(typev3.RateLimitUnit_SECOND, 1, 0, "a/b", "x", "c", "y"), true, 1, bucket.Second, "x/y", "api/a%2Fb/c/override"},
+		{"the other key with a slash", "api", override(typev3.RateLimitUnit_SECOND, 1, 0, "a", "x", "b/c", "y"), true, 1, bucket.Second, "x/y", "api/a/b%2Fc/override"},
 		{"unit multiplier", "api", override(typev3.RateLimitUnit_SECOND, 5, 30, "k", "v"), true, 5, 30 * bucket.Second, "v", "api/k/override"},
 		{"year", "api", override(typev3.RateLimitUnit_YEAR, 1, 0, "k", "v"), true, 1, bucket.Year, "v", "api/k/override"},
 		{"unknown unit", "api", override(typev3.RateLimitUnit_UNKNOWN, 5, 0, "k", "v"), false, 0, 0, "", ""},

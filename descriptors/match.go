@@ -184,7 +184,7 @@ func overrideMatch(domain string, d *rlv3.RateLimitDescriptor) (Match, bool) {
 	for i, e := range entries {
 		idx[i] = i
 		res.WriteByte('/')
-		res.WriteString(e.GetKey())
+		writeEscaped(&res, e.GetKey()) // ("a/b","c") and ("a","b/c") are two key lists
 	}
 	res.WriteString("/override")
 

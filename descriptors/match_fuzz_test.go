@@ -108,7 +108,7 @@ func modelLookup(domain string, top []*genNode, d *rlv3.RateLimitDescriptor) (mo
 		// in the resource.
 		resource, values := domain, []string{}
 		for _, e := range entries {
-			resource += "/" + e.GetKey()
+			resource += "/" + escapeValue.Replace(e.GetKey())
 			values = append(values, e.GetValue())
 		}
 		return modelMatch{entity: joinModel(values), resource: resource + "/override", values: values}, true
@@ -247,21 +247,25 @@ func FuzzMatch(f *testing.F) {
 		{{"org", strings.Repeat("/", 300)}, {"org", strings.Repeat("%2F", 100)}},
 		{{}, {"org", ""}},
 	}
-	add := func(domA, domB int, flags uint32, s [2][]string) {
+	add := func(domA, domB int, flags uint32, overrideB bool, s [2][]string) {
 		sa, raw, va := matchFuzzShape(domA, s[0]...)
 		sb, rawB, vb := matchFuzzShape(domB, s[1]...)
 		if raw == "" {
 			raw = rawB
 		}
-		f.Add(sa|sb<<16|flags, raw, va[0], va[1], va[2], vb[0], vb[1], vb[2])
+		f.Add(sa|sb<<16|flags, overrideB, raw, va[0], va[1], va[2], vb[0], vb[1], vb[2])
 	}
 	for i, s := range seeds {
-		add(i%2, i%2, 0, s)
+		add(i%2, i%2, 0, false, s)
 	}
-	add(0, 1, 0, seeds[0])                // one request, two domains
-	add(1, 0, 1<<31, seeds[13])           // B takes A's keys
-	add(0, 0, 1<<15, seeds[0])            // an override beside a rule
-	add(0, 0, 1<<15, [2][]string{{}, {}}) // an override without entries
+	add(0, 1, 0, false, seeds[0])                // one request, two domains
+	add(1, 0, 1<<31, false, seeds[13])           // B takes A's keys
+	add(0, 0, 1<<15, false, seeds[0])            // an override beside a rule
+	add(0, 0, 1<<15, false, [2][]string{{}, {}}) // an override without entries
+	add(0, 0, 1<<15|1<<31, true, seeds[0])       // two overrides, one key list
+	// Overrides on keys that hold a '/': the model escapes them in the
+	// resource, so that ("a/b","c") and ("a","b/c") stay two buckets.
+	add(0, 0, 1<<15, true, [2][]string{{"org/user", "x", "team", "y"}, {"org", "x", "user", "y", "team", "z"}})
 	trees := map[string][]*genNode{}
 	files := map[string][]byte{}
 	for _, dom := range matchFuzzDomains {
@@ -276,7 +280,7 @@ func FuzzMatch(f *testing.F) {
 		f.Fatalf("the fixed config: %v\n%s", err, files["fz.yaml"])
 	}
 
-	f.Fuzz(func(t *testing.T, shape uint32, rawKey, v1, v2, v3, w1, w2, w3 string) {
+	f.Fuzz(func(t *testing.T, shape uint32, overrideB bool, rawKey, v1, v2, v3, w1, w2, w3 string) {
 		shapeB := shape >> 16 & 0x7fff
 		if shape&(1<<31) != 0 {
 			// The second request takes the first one's keys, so that the
@@ -285,12 +289,13 @@ func FuzzMatch(f *testing.F) {
 		}
 		domA, a := matchFuzzRequest(shape&0x7fff, rawKey, [3]string{v1, v2, v3})
 		domB, b := matchFuzzRequest(shapeB, rawKey, [3]string{w1, w2, w3})
+		// Envoy's limit override, on either request or both.
+		override := &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_SECOND}
 		if shape&(1<<15) != 0 {
-			// Envoy's limit override. Only the first request carries one:
-			// two overrides whose keys differ only in where a '/' falls
-			// ("a/b","c" and "a","b/c") share a bucket, a known limit of
-			// the override's resource, which names its keys unescaped.
-			a.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_SECOND}
+			a.Limit = override
+		}
+		if overrideB {
+			b.Limit = override
 		}
 		ma, wa, oka := checkMatch(t, c, trees, domA, a)
 		mb, wb, okb := checkMatch(t, c, trees, domB, b)

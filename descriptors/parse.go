@@ -66,6 +66,7 @@ type fileParser struct {
 	domainLine int
 	root       level
 	rules      []*Rule
+	paths      map[string]int // the line of the node that has each path
 }
 
 func (p *fileParser) errorf(line int, format string, args ...any) {
@@ -199,7 +200,9 @@ func (p *fileParser) node(n *yaml.Node, parent *Rule, parentKeys []string, lvl l
 	r.resource = p.templateField(f, "resource", pathKeys)
 	r.parent = p.templateField(f, "parent", pathKeys)
 
-	p.add(lvl, r, kf.key.Line)
+	if p.add(lvl, r, kf.key.Line) {
+		p.claimPath(r, kf.key.Line)
+	}
 	p.rules = append(p.rules, r) // before the children: Rules() is in file order
 	if items, ok := p.sequenceOf(f, "descriptors", "descriptors"); ok {
 		r.children = p.descriptors(items, r, pathKeys)
@@ -207,8 +210,8 @@ func (p *fileParser) node(n *yaml.Node, parent *Rule, parentKeys []string, lvl l
 }
 
 // add puts r into its level, refusing a second node with the same key and
-// value (or a second bare node of the key).
-func (p *fileParser) add(lvl level, r *Rule, line int) {
+// value (or a second bare node of the key); it reports whether r went in.
+func (p *fileParser) add(lvl level, r *Rule, line int) bool {
 	k := lvl[r.key]
 	if k == nil {
 		k = &keyNodes{}
@@ -217,14 +220,14 @@ func (p *fileParser) add(lvl level, r *Rule, line int) {
 	if r.kind == kindBare {
 		if k.bare != nil {
 			p.errorf(line, "duplicate descriptor: key %q without a value is already at line %d", r.key, k.bare.Line)
-			return
+			return false
 		}
 		k.bare = r
-		return
+		return true
 	}
 	if prev := k.exact[r.value]; prev != nil {
 		p.errorf(line, "duplicate descriptor: key %q with value %q is already at line %d", r.key, r.value, prev.Line)
-		return
+		return false
 	}
 	if k.exact == nil {
 		k.exact = make(map[string]*Rule)
@@ -233,6 +236,24 @@ func (p *fileParser) add(lvl level, r *Rule, line int) {
 	if r.kind == kindWildcard {
 		k.wildcards = append(k.wildcards, r)
 	}
+	return true
+}
+
+// claimPath refuses a node whose path another node of the file already
+// has. Keys and values may hold '=' and '/', so two different nodes can
+// spell one path (key "a=b" with value "c", and key "a" with value
+// "b=c"). The path is the rule's name in metrics and its default
+// resource: two exact-value rules would share buckets.
+func (p *fileParser) claimPath(r *Rule, line int) {
+	if prev, ok := p.paths[r.Path]; ok {
+		p.errorf(line, "descriptor path %q is already the path of the descriptor at line %d (an '=' or '/' in a key or value): "+
+			"the two would share one name in metrics and one default resource; rename one", r.Path, prev)
+		return
+	}
+	if p.paths == nil {
+		p.paths = make(map[string]int)
+	}
+	p.paths[r.Path] = line
 }
 
 func (p *fileParser) templateField(f map[string]field, name string, pathKeys []string) *template {

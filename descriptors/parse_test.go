@@ -104,6 +104,11 @@ func TestValidationErrors(t *testing.T) {
 			[]wantErr{{"a.yaml", 5, `key "k" with value "v*" is already at line 3`}}},
 		{"duplicate bare key, nested", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: p\n    descriptors:\n      - key: k\n      - key: k\n        value: \"\"\n"},
 			[]wantErr{{"a.yaml", 6, `duplicate descriptor: key "k" without a value is already at line 5`}}},
+		// Two nodes that spell one path would share buckets.
+		{"one path from '=' in a key and a value", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: a=b\n    value: c\n  - key: a\n    value: b=c\n"},
+			[]wantErr{{"a.yaml", 5, `descriptor path "d/a=b=c" is already the path of the descriptor at line 3`}}},
+		{"one path from '/' in a key, nested", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: a/b\n    value: c\n  - key: a\n    descriptors:\n      - key: b\n        value: c\n"},
+			[]wantErr{{"a.yaml", 7, `descriptor path "d/a/b=c" is already the path of the descriptor at line 3`}}},
 		{"bad rate", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - name: a\n        rate: 100/fortnight\n"},
 			[]wantErr{{"a.yaml", 6, `limit "a": rate "100/fortnight"`}}},
 		{"rate without unit", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - {name: a, rate: \"100\"}\n"},
