@@ -17,8 +17,6 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // The config-fault tests run `sluice serve` on the memory backend with its
@@ -94,17 +92,12 @@ func startFaultRig(t *testing.T, dir string, layout func()) *faultRig {
 	r.s = s
 	done := make(chan error, 1)
 	go func() { done <- s.wait(ctx) }()
-	conn, err := grpc.NewClient(s.grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.client = rlsv3.NewRateLimitServiceClient(conn)
+	r.client = dial(t, s.grpcLn.Addr().String())
 	for w := range 3 {
 		r.wg.Go(func() { r.traffic(w) })
 	}
 	t.Cleanup(func() {
 		r.stopTraffic()
-		conn.Close()
 		cancel()
 		<-done
 	})

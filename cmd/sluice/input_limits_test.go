@@ -14,9 +14,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -55,12 +53,7 @@ func runServe(t *testing.T, args ...string) rlsv3.RateLimitServiceClient {
 			t.Fatalf("sluice serve not serving after 30 s:\n%s", logs)
 		}
 	}
-	conn, err := grpc.NewClient(m[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return rlsv3.NewRateLimitServiceClient(conn)
+	return dial(t, m[1])
 }
 
 // overLimit builds, for each input limit flag, a request carrying n of

@@ -14,9 +14,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
@@ -30,9 +28,10 @@ import (
 // shorter than an outage.
 const outageDeadline = 500 * time.Millisecond
 
-// rulesHigh limits each address far above what the load reaches, so every
-// normal answer is OK with the limit attached, and the failure policy's
-// answers (which carry no limit) tell themselves apart.
+// rulesHigh limits each address far above what any test sends, so that
+// a backend's capacity or health binds, never a limit: every normal answer
+// is OK with the limit attached, and the failure policy's answers (which
+// carry no limit) tell themselves apart.
 const rulesHigh = `domain: edge
 descriptors:
   - key: remote_address
@@ -83,12 +82,7 @@ type load struct {
 // calls are decided normally, with a second of baseline behind it.
 func startLoad(t *testing.T, addr string, workers int) *load {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	client := rlsv3.NewRateLimitServiceClient(conn)
+	client := dial(t, addr)
 	l := &load{stop: make(chan struct{})}
 	var seq atomic.Int64
 	for w := 0; w < workers; w++ {

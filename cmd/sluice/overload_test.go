@@ -25,14 +25,6 @@ import (
 	"github.com/sluice-rl/sluice/backend"
 )
 
-// rulesOverload limits every address far above what the tests send: the
-// backend's capacity is what binds, not a limit.
-const rulesOverload = `domain: edge
-descriptors:
-  - key: remote_address
-    rate_limit: {unit: second, requests_per_unit: 1000000}
-`
-
 // capacityBackend decides at most cap(slots) requests at once, each
 // taking hold: it sustains cap(slots)/hold decisions a second, and a
 // request beyond waits for a slot, as calls pile up on a saturated
@@ -97,7 +89,7 @@ func TestOverloadIsShed(t *testing.T) {
 	const slack = 250 * time.Millisecond
 
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesOverload), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesHigh), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	o := testOptions(dir)
@@ -273,7 +265,7 @@ func TestOverloadIsShed(t *testing.T) {
 // once; it does not wait for one.
 func TestNoQueue(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesOverload), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesHigh), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	started := make(chan struct{}, 1)
@@ -283,12 +275,7 @@ func TestNoQueue(t *testing.T) {
 		return slowBackend{Backend: be, delay: 500 * time.Millisecond, started: started}
 	}
 	s, _, _ := startTestServer(t, o)
-	conn, err := grpc.NewClient(s.grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := rlsv3.NewRateLimitServiceClient(conn)
+	c := dial(t, s.grpcLn.Addr().String())
 	first := make(chan error, 1)
 	go func() {
 		_, err := c.ShouldRateLimit(context.Background(), overloadRequest(1))
@@ -296,7 +283,7 @@ func TestNoQueue(t *testing.T) {
 	}()
 	<-started
 	t0 := time.Now()
-	_, err = c.ShouldRateLimit(context.Background(), overloadRequest(2))
+	_, err := c.ShouldRateLimit(context.Background(), overloadRequest(2))
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "1 in flight and 0 queued") {
 		t.Fatalf("a call while the one slot is taken: %v", err)
 	}
@@ -312,7 +299,7 @@ func TestNoQueue(t *testing.T) {
 // command line or the environment.
 func TestOverloadFlags(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesOverload), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesHigh), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	local := []string{"serve", "--config-dir", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", ""}

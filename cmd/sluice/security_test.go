@@ -130,16 +130,6 @@ func send(c rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest) (*rlsv3.R
 	return c.ShouldRateLimit(ctx, req)
 }
 
-func dial(t *testing.T, addr string) rlsv3.RateLimitServiceClient {
-	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return rlsv3.NewRateLimitServiceClient(conn)
-}
-
 // rulesSecurity limits by API key, and by plan with detailed metrics
 // (whose entity label is the documented opt-in exception).
 const rulesSecurity = `domain: api

@@ -73,6 +73,18 @@ func startTestServer(t *testing.T, o serveOptions) (*server, context.CancelFunc,
 	return s, cancel, done
 }
 
+// dial is a RateLimitService client of the server at addr, over
+// plaintext gRPC, closed at the test's end.
+func dial(t *testing.T, addr string) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn)
+}
+
 func sluice(t *testing.T, args ...string) (string, int) {
 	t.Helper()
 	var out, errOut bytes.Buffer

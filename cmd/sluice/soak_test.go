@@ -16,9 +16,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -139,12 +137,7 @@ func TestSoak(t *testing.T) {
 	}
 	clients := make([]rlsv3.RateLimitServiceClient, len(replicas))
 	for i, r := range replicas {
-		conn, err := grpc.NewClient(r.addrs["grpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		clients[i] = rlsv3.NewRateLimitServiceClient(conn)
+		clients[i] = dial(t, r.addrs["grpc"])
 	}
 
 	// The traffic: 12 workers, each bound to a replica, paced to about 200
