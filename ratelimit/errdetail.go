@@ -1,12 +1,29 @@
 package ratelimit
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"runtime"
 )
+
+// ErrorKind names a backend failure without its message, which may quote
+// request data: "timeout", "canceled", an AWS error code such as
+// "ThrottlingException", or "error".
+func ErrorKind(err error) string {
+	var coded interface{ ErrorCode() string }
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	case errors.As(err, &coded) && coded.ErrorCode() != "":
+		return coded.ErrorCode()
+	}
+	return "error"
+}
 
 // errorAttrs describes a backend failure for the logs without its message.
 // Messages are not safe to log: the backends quote the bucket's entity in

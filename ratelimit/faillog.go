@@ -1,8 +1,6 @@
 package ratelimit
 
 import (
-	"context"
-	"errors"
 	"sync"
 	"time"
 )
@@ -30,20 +28,4 @@ func (l *logLimiter) allow(now time.Time) (bool, int) {
 	n := l.dropped
 	l.dropped = 0
 	return true, n
-}
-
-// ErrorKind names a backend failure without its message, which may quote
-// request data: "timeout", "canceled", an AWS error code such as
-// "ThrottlingException", or "error".
-func ErrorKind(err error) string {
-	var coded interface{ ErrorCode() string }
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	case errors.Is(err, context.Canceled):
-		return "canceled"
-	case errors.As(err, &coded) && coded.ErrorCode() != "":
-		return coded.ErrorCode()
-	}
-	return "error"
 }
