@@ -148,8 +148,12 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 		}
 	}
 
-	backendCtx, cancel := s.backendContext(ctx)
-	defer cancel()
+	// The backend's context is made for the first limited descriptor:
+	// unmatched and unlimited ones never reach the backend, and a call
+	// made only of them should not pay for a timer.
+	var backendCtx context.Context
+	cancel := context.CancelFunc(func() {})
+	defer func() { cancel() }()
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
@@ -168,6 +172,9 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: true, Rule: m.Rule, Entity: m.Entity, Outcome: OutcomeUnlimited})
 		case m.Rule.Name != "" && replaced[m.Rule.Name]:
 		default:
+			if backendCtx == nil {
+				backendCtx, cancel = s.backendContext(ctx)
+			}
 			if err := s.decide(ctx, backendCtx, req, d, m, st); err != nil {
 				return nil, err
 			}
