@@ -209,17 +209,47 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if err != nil {
 		return backend.Decision{}, fmt.Errorf("waiting for bucket %q/%q: %w", req.Entity, req.Resource, err)
 	}
-	if batch != nil {
-		func() {
-			defer b.lanes.leave(keys...)
-			defer answer(batch)
-			b.decideBatch(ts, batch)
-		}()
+	switch {
+	case len(batch) == 1:
+		defer b.lanes.leave(keys...)
+		b.decideBatch(ts, batch)
+	case len(batch) > 1:
+		if err := b.lead(ctx, ts, keys, batch); err != nil {
+			return backend.Decision{}, fmt.Errorf("writing bucket %q/%q: %w", req.Entity, req.Resource, err)
+		}
 	}
 	if c.err != nil {
 		return backend.Decision{}, c.err
 	}
 	return decision(ts, c, level), nil
+}
+
+// lead decides a batch of several calls, its own first, and returns when
+// its own call is answered or ctx ends. The batch runs on a goroutine of
+// its own because its DynamoDB calls live as long as any of its calls
+// waits (batchContext): were the leader to run them, a hung table would
+// hold its answer until the last follower's deadline, later than its own.
+//
+// A panic in the batch reaches the leader's caller as it would inline,
+// when the leader still waits; if it has gone, the followers still get
+// errAbandoned and the panic itself is dropped.
+func (b *Backend) lead(ctx context.Context, ts []target, keys []bucketKey, batch []*call) error {
+	done := make(chan any, 1)
+	go func() {
+		defer func() { done <- recover() }()
+		defer b.lanes.leave(keys...)
+		defer answer(batch)
+		b.decideBatch(ts, batch)
+	}()
+	select {
+	case p := <-done:
+		if p != nil {
+			panic(p)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // decision is c's answer on the buckets of ts.

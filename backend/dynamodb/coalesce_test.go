@@ -2,6 +2,7 @@ package dynamodb
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -256,5 +257,64 @@ func TestNegativeStalenessAlwaysAsks(t *testing.T) {
 	}
 	if n := b.Stats().LocalAnswers.Load(); n != 0 {
 		t.Fatalf("%d denials answered locally", n)
+	}
+}
+
+// hungWrites is a table that takes bucket writes and never answers: each
+// write returns only when its context ends.
+type hungWrites struct{ API }
+
+func (h hungWrites) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (h hungWrites) PutItem(ctx context.Context, in *dynamodb.PutItemInput, o ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A batch's leader answers its own caller at its own deadline, although
+// the batch's write goes on for followers that can wait longer: a table
+// that hangs must not make one caller late because later ones queued
+// behind it. Each follower, too, gives up at its own deadline.
+func TestBatchLeaderAnswersAtItsOwnDeadline(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{}, hungWrites{e.client})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 10)}, Hits: 1}
+	// Read the bucket's config first, so that the calls below reach its
+	// lane in the order they are made.
+	warm, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := b.Decide(warm, &req); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the write to a hung table: %v", err)
+	}
+	start := time.Now()
+	// Each call's deadline, from start; the first holds the lane until
+	// its own ends, and the other two queue behind it as one batch.
+	deadlines := []time.Duration{300 * time.Millisecond, 600 * time.Millisecond, 3 * time.Second}
+	took := make([]time.Duration, len(deadlines))
+	errs := make([]error, len(deadlines))
+	var wg sync.WaitGroup
+	for i, d := range deadlines {
+		wg.Go(func() {
+			ctx, cancel := context.WithDeadline(context.Background(), start.Add(d))
+			defer cancel()
+			r := req
+			_, errs[i] = b.Decide(ctx, &r)
+			took[i] = time.Since(start)
+		})
+		time.Sleep(50 * time.Millisecond) // arrive in this order
+	}
+	wg.Wait()
+	t.Logf("answered after %v: %v", took, errs)
+	for i, d := range deadlines {
+		if !errors.Is(errs[i], context.DeadlineExceeded) {
+			t.Errorf("call %d: %v, want its deadline", i, errs[i])
+		}
+		// Generous for a busy machine, yet far from the next deadline.
+		if took[i] > d+200*time.Millisecond {
+			t.Errorf("call %d with a %v deadline answered after %v", i, d, took[i])
+		}
 	}
 }
