@@ -15,7 +15,10 @@ import (
 // while a batch is in flight wait; when it is done, the waiting decisions
 // that can share a write are handed over together to the first of them,
 // which decides them in arrival order against the state the last write
-// returned and writes them as one conditional UpdateItem.
+// returned and writes them as one conditional UpdateItem. Every call,
+// leader or follower, is answered by its own deadline at the latest: the
+// batch's write goes on while any of its calls still waits (see
+// Backend.lead).
 //
 // Without this, every caller of a hot bucket would race every other for
 // each token: all but one of their conditional writes would fail, and
