@@ -58,7 +58,7 @@ func (o *adminOptions) admin(ctx context.Context) (*sluiceddb.Admin, error) {
 	default:
 		return nil, usageError{fmt.Errorf("--output %q: want table, json or yaml", o.output)}
 	}
-	client, err := newDynamoDBClient(ctx, o.region, o.endpoint)
+	client, err := newDynamoDBClient(ctx, o.region, o.endpoint, nil)
 	if err != nil {
 		return nil, err
 	}

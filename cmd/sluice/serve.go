@@ -199,7 +199,7 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 	if err != nil {
 		return nil, usageError{err}
 	}
-	be, err := openBackend(ctx, o, tel)
+	be, err := openBackend(ctx, o, tel, log)
 	if err != nil {
 		tel.Shutdown(context.WithoutCancel(ctx))
 		return nil, err
@@ -314,7 +314,7 @@ type servedBackend interface {
 // openBackend builds the backend --backend names. The DynamoDB backend's
 // table must exist: serve stops at once, naming the fix, rather than
 // failing every request.
-func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry) (servedBackend, error) {
+func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry, log *slog.Logger) (servedBackend, error) {
 	switch o.backend {
 	case "memory":
 		var ov *memory.Overrides
@@ -339,7 +339,7 @@ func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry) 
 		if o.denyStaleness < 0 {
 			return nil, usageError{fmt.Errorf("--deny-staleness %v: want 0 (off) or a positive duration", o.denyStaleness)}
 		}
-		client, err := newDynamoDBClient(ctx, o.region, o.endpoint)
+		client, err := newDynamoDBClient(ctx, o.region, o.endpoint, log)
 		if err != nil {
 			return nil, err
 		}

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/smithy-go/logging"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -57,7 +59,7 @@ SLUICE_TABLE.`,
 			if o.table == "" {
 				return usageError{errors.New("--table (or SLUICE_TABLE) is required")}
 			}
-			client, err := newDynamoDBClient(cmd.Context(), o.region, o.endpoint)
+			client, err := newDynamoDBClient(cmd.Context(), o.region, o.endpoint, nil)
 			if err != nil {
 				return err
 			}
@@ -91,8 +93,10 @@ func addDynamoDBFlags(f *pflag.FlagSet, region, endpoint *string) {
 // newDynamoDBClient builds a DynamoDB client from the default AWS
 // credential chain and region; region, when set, overrides the region and
 // endpoint, when set, replaces AWS's endpoint (DynamoDB Local). A bad
-// endpoint or no region at all is a usage error.
-func newDynamoDBClient(ctx context.Context, region, endpoint string) (*dynamodb.Client, error) {
+// endpoint or no region at all is a usage error. log, when set, takes the
+// SDK's own messages (sdkLogger); nil leaves them on stderr, as suits the
+// admin commands.
+func newDynamoDBClient(ctx context.Context, region, endpoint string, log *slog.Logger) (*dynamodb.Client, error) {
 	if endpoint != "" {
 		u, err := url.Parse(endpoint)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -100,6 +104,9 @@ func newDynamoDBClient(ctx context.Context, region, endpoint string) (*dynamodb.
 		}
 	}
 	var opts []func(*config.LoadOptions) error
+	if log != nil {
+		opts = append(opts, config.WithLogger(sdkLogger(log)))
+	}
 	if region != "" {
 		opts = append(opts, config.WithRegion(region))
 	}
@@ -120,4 +127,18 @@ func newDynamoDBClient(ctx context.Context, region, endpoint string) (*dynamodb.
 			o.DisableValidateResponseChecksum = true
 		}
 	}), nil
+}
+
+// sdkLogger sends the AWS SDK's own messages (a response body it could
+// not close, say) through serve's logger, so that a JSON log stays JSON
+// rather than gaining the SDK's plain lines on stderr. The SDK classifies
+// them as warnings or debug output; slog's level filter applies as usual.
+func sdkLogger(log *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(c logging.Classification, format string, v ...any) {
+		level := slog.LevelDebug
+		if c == logging.Warn {
+			level = slog.LevelWarn
+		}
+		log.LogAttrs(context.Background(), level, fmt.Sprintf(format, v...), slog.String("component", "aws-sdk"))
+	})
 }
