@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -44,14 +43,7 @@ func TestSDKWarningsJoinServesLog(t *testing.T) {
 	}
 	o := testOptions(dir)
 	o.backend, o.table, o.region, o.endpoint = "dynamodb", table, "us-east-1", spoiled.URL
-	ctx, cancel := context.WithCancel(t.Context())
-	s, err := startServer(ctx, o, log)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.wait(ctx) }()
+	s, cancel, done := startLoggingServer(t, o, log)
 	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{{
 		Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.9.9.9"}},
 	}}}
@@ -62,6 +54,7 @@ func TestSDKWarningsJoinServesLog(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+	done <- nil
 
 	sdkLines := 0
 	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {

@@ -336,18 +336,7 @@ func TestLogsKeepRequestValuesOut(t *testing.T) {
 			o.logLevel, o.logFormat = "debug", format
 			o.spanExporter, o.traceSampling = spans, 1
 			o.decorate = func(be backend.Backend) backend.Backend { return hostileBackend{be} }
-			ctx, cancel := context.WithCancel(context.Background())
-			s, err := startServer(ctx, o, log)
-			if err != nil {
-				cancel()
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- s.wait(ctx) }()
-			defer func() {
-				cancel()
-				<-done
-			}()
+			s, cancel, done := startLoggingServer(t, o, log)
 			c := dial(t, s.grpcLn.Addr().String())
 
 			if _, err := ask(c, "api", "api_key", "sk-"+apiKeyMarker+"-ok"); err != nil {

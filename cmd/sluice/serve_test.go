@@ -58,8 +58,16 @@ func testOptions(dir string) serveOptions {
 
 func startTestServer(t *testing.T, o serveOptions) (*server, context.CancelFunc, chan error) {
 	t.Helper()
+	return startLoggingServer(t, o, slog.New(slog.DiscardHandler))
+}
+
+// startLoggingServer is startTestServer logging to log. A test that stops
+// the server itself (cancel, then receive from done) puts a value back on
+// done for the clean-up to find.
+func startLoggingServer(t *testing.T, o serveOptions, log *slog.Logger) (*server, context.CancelFunc, chan error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := startServer(ctx, o, slog.New(slog.DiscardHandler))
+	s, err := startServer(ctx, o, log)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
