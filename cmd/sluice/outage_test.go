@@ -212,13 +212,16 @@ func (e *outageEnv) serve(t *testing.T, policy string) *server {
 func checkAnswered(t *testing.T, answers []answer) {
 	t.Helper()
 	late := 0
+	var slowest time.Duration
 	for _, a := range answers {
+		slowest = max(slowest, a.took)
 		if a.code == codes.DeadlineExceeded || a.took >= outageDeadline {
 			if late++; late <= 5 {
 				t.Logf("late: started %s, %v, %v", a.start.Format("15:04:05.000"), a.took, a.code)
 			}
 		}
 	}
+	t.Logf("slowest answer %v", slowest.Round(time.Millisecond))
 	if late > 0 {
 		t.Errorf("%d of %d calls not answered within their %v deadline", late, len(answers), outageDeadline)
 	}
