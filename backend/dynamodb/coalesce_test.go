@@ -3,6 +3,8 @@ package dynamodb
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -315,6 +317,125 @@ func TestBatchLeaderAnswersAtItsOwnDeadline(t *testing.T) {
 		// Generous for a busy machine, yet far from the next deadline.
 		if took[i] > d+200*time.Millisecond {
 			t.Errorf("call %d with a %v deadline answered after %v", i, d, took[i])
+		}
+	}
+}
+
+// unsteadyWrites is a table whose bucket writes are answered after a
+// random time, and now and then never: the write itself reaches the table
+// at once, as a request the network delivered whose answer is late or
+// lost, and the caller waits for the answer or its context, whichever
+// comes first. pending counts writes still on their way to the table.
+type unsteadyWrites struct {
+	API
+	mu      sync.Mutex
+	rng     *rand.Rand
+	pending sync.WaitGroup
+}
+
+// delay is when the answer of a write comes, or false for never.
+func (u *unsteadyWrites) delay() (time.Duration, bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.rng.IntN(10) == 0 {
+		return 0, false
+	}
+	return time.Duration(u.rng.IntN(150)) * time.Millisecond, true
+}
+
+func unsteady[T any](ctx context.Context, u *unsteadyWrites, write func(context.Context) (T, error)) (T, error) {
+	type result struct {
+		out T
+		err error
+	}
+	done := make(chan result, 1)
+	u.pending.Go(func() {
+		out, err := write(context.WithoutCancel(ctx))
+		done <- result{out, err}
+	})
+	var zero T
+	d, answered := u.delay()
+	if !answered {
+		<-ctx.Done()
+		return zero, ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+	select {
+	case r := <-done:
+		return r.out, r.err
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+}
+
+func (u *unsteadyWrites) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	return unsteady(ctx, u, func(ctx context.Context) (*dynamodb.UpdateItemOutput, error) { return u.API.UpdateItem(ctx, in, o...) })
+}
+
+func (u *unsteadyWrites) PutItem(ctx context.Context, in *dynamodb.PutItemInput, o ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error) {
+	return unsteady(ctx, u, func(ctx context.Context) (*dynamodb.PutItemOutput, error) { return u.API.PutItem(ctx, in, o...) })
+}
+
+// Callers with deadlines from 50 to 400 ms share three buckets on a table
+// whose writes are slow, erratic and sometimes hung. Whatever batches
+// they fall into, each is answered by its own deadline (plus scheduling
+// slack), and each bucket's consumed total lies between what callers
+// were admitted and that plus the calls that failed: a timed-out write
+// may have landed, but nothing is counted twice or lost from an answer.
+func TestEveryCallAnsweredByItsDeadline(t *testing.T) {
+	e := newEnv(t)
+	api := &unsteadyWrites{API: e.client, rng: rand.New(rand.NewPCG(1, 2))}
+	b := e.replica(t, Options{Now: func() int64 { return time.Now().UnixMilli() }}, api)
+	limits := []bucket.Limit{lim(t, "x", "1000000/s", 0)}
+	const slack = 100 * time.Millisecond // the race detector on a busy 2-core machine
+	var mu sync.Mutex
+	admitted, failed := map[string]int64{}, map[string]int64{}
+	var late []string
+	var wg sync.WaitGroup
+	for g := range 24 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 3))
+			for range 12 {
+				entity := fmt.Sprintf("e%d", rng.IntN(3))
+				budget := time.Duration(50+rng.IntN(350)) * time.Millisecond
+				ctx, cancel := context.WithTimeout(context.Background(), budget)
+				start := time.Now()
+				d, err := b.Decide(ctx, &backend.Request{Entity: entity, Resource: "r", Defaults: limits, Hits: 1})
+				took := time.Since(start)
+				cancel()
+				mu.Lock()
+				switch {
+				case took > budget+slack:
+					late = append(late, fmt.Sprintf("%v with a %v deadline (%v)", took.Round(time.Millisecond), budget, err))
+				case err != nil:
+					failed[entity]++
+				case d.Allowed:
+					admitted[entity]++
+				default:
+					t.Errorf("denied under a limit nobody reaches")
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	api.pending.Wait()
+	for _, l := range late {
+		t.Errorf("answered late: %s", l)
+	}
+	for i := range 3 {
+		entity := fmt.Sprintf("e%d", i)
+		item := e.rawItem(t, b.keys.EntityPK(entity), b.keys.BucketSK("r"))
+		tc := attrN(t, item, "b_x_tc") / bucket.Milli
+		t.Logf("%s: %d admitted, %d failed, %d consumed", entity, admitted[entity], failed[entity], tc)
+		if tc < admitted[entity] || tc > admitted[entity]+failed[entity] {
+			t.Errorf("%s consumed %d: %d admitted and %d failed", entity, tc, admitted[entity], failed[entity])
 		}
 	}
 }
