@@ -127,7 +127,7 @@ func (r *records) load(key, entity, resource string) (*recordSet, error) {
 
 // fetch reads the four records with one BatchGetItem. Keys DynamoDB
 // leaves unprocessed are asked again (with backoff, within ctx), never
-// taken as absent (pitfall 6): an absent answer is cached for a minute.
+// taken as absent (pitfall 6): an absent answer is cached for the cache TTL.
 func (r *records) fetch(ctx context.Context, entity, resource string) (*recordSet, error) {
 	type slot struct {
 		pk, sk string
@@ -136,12 +136,14 @@ func (r *records) fetch(ctx context.Context, entity, resource string) (*recordSe
 	}
 	rs := &recordSet{}
 	slots := []slot{
-		{r.keys.EntityPK(entity), r.keys.ConfigSK(resource), &rs.entity, &rs.hasEntity},
+		{r.keys.EntityPK(entity), r.keys.ConfigSK(backend.DefaultResource), &rs.entityDefault, &rs.hasEntityDefault},
 		{r.keys.ResourcePK(resource), ResourceConfigSK(), &rs.resource, &rs.hasRes},
 		{r.keys.SystemPK(), ResourceConfigSK(), &rs.system, &rs.hasSystem},
 	}
+	// For resource _default_ levels 1 and 2 are one item, which Entity
+	// answers from entityDefault; BatchGetItem refuses a key asked twice.
 	if resource != backend.DefaultResource {
-		slots = append(slots, slot{r.keys.EntityPK(entity), r.keys.ConfigSK(backend.DefaultResource), &rs.entityDefault, &rs.hasEntityDefault})
+		slots = append(slots, slot{r.keys.EntityPK(entity), r.keys.ConfigSK(resource), &rs.entity, &rs.hasEntity})
 	}
 	metaKey := [2]string{r.keys.EntityPK(entity), MetaSK()}
 	keys := make([]map[string]types.AttributeValue, 0, len(slots)+1)

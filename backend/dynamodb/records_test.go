@@ -120,3 +120,19 @@ func TestConfigMissesShareOneReadOnItsOwnDeadline(t *testing.T) {
 		t.Fatalf("the abandoned read was not cached: misses %d -> %d, reads %d", misses, b.Stats().CacheMisses.Load(), api.reads.Load())
 	}
 }
+
+// A bucket whose resource is _default_ (a resource template can yield
+// it) takes the entity's _default_ config, as the memory backend does,
+// rather than falling through to the rule's limits.
+func TestEntityConfigForResourceDefault(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{})
+	own := []bucket.Limit{lim(t, "own", "5/s", 0)}
+	if _, err := e.admin(t, "").PutConfig(t.Context(), backend.RecordKey{Entity: "e", Resource: backend.DefaultResource}, own, 0); err != nil {
+		t.Fatal(err)
+	}
+	d := mustDecide(t, b, backend.Request{Entity: "e", Resource: backend.DefaultResource, Defaults: []bucket.Limit{lim(t, "rule", "1/s", 0)}, Hits: 1})
+	if len(d.Limits) != 1 || d.Limits[0].Name != "own" || d.Level != backend.LevelEntity {
+		t.Fatalf("decided on %v at level %v, want the entity's own limit", d.Limits, d.Level)
+	}
+}
