@@ -172,6 +172,10 @@ func TestLimitOverride(t *testing.T) {
 			if m.Rule.ShadowMode || m.Rule.Unlimited {
 				t.Error("an override is neither shadow nor unlimited")
 			}
+			// The path labels metrics and logs: request keys stay out of it.
+			if want := tt.domain + "/override"; m.Rule.Path != want {
+				t.Errorf("rule path %q, want %q", m.Rule.Path, want)
+			}
 		})
 	}
 }

@@ -188,11 +188,13 @@ func overrideMatch(domain string, d *rlv3.RateLimitDescriptor) (Match, bool) {
 	}
 	res.WriteString("/override")
 
+	// The keys are request data: they name the bucket (the resource) but
+	// not the rule, whose Path is a label of metrics and logs.
 	r := &Rule{
 		Domain:           domain,
-		Path:             res.String(),
+		Path:             domain + "/override",
 		Limits:           []bucket.Limit{{Name: defaultLimitName, Amount: amount, Period: period, Burst: amount}},
 		unnamedRateLimit: true,
 	}
-	return Match{Rule: r, Entity: joinValues(entries, idx), Resource: r.Path}, true
+	return Match{Rule: r, Entity: joinValues(entries, idx), Resource: res.String()}, true
 }

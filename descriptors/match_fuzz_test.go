@@ -350,7 +350,9 @@ func checkMatch(t *testing.T, c *Config, trees map[string][]*genNode, domain str
 	if !ok {
 		return m, want, false
 	}
-	wantPath := want.resource
+	// An override's keys are request data: its rule, a label of metrics
+	// and logs, is named by the domain alone.
+	wantPath := domain + "/override"
 	if want.node != nil {
 		wantPath = want.node.path
 	}
