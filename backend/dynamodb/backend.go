@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
@@ -221,7 +220,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if c.err != nil {
 		return backend.Decision{}, c.err
 	}
-	return decision(ts, c, level), nil
+	return decision(c, level), nil
 }
 
 // lead decides a batch of several calls, its own first, and returns when
@@ -252,14 +251,10 @@ func (b *Backend) lead(ctx context.Context, ts []target, keys []bucketKey, batch
 	}
 }
 
-// decision is c's answer on the buckets of ts.
-func decision(ts []target, c *call, level backend.Level) backend.Decision {
-	limits := ts[0].res.Limits
-	if len(ts) > 1 {
-		limits = append(slices.Clip(limits), ts[1].res.Limits...)
-	}
-	return backend.Decision{Allowed: c.allowed, Limits: limits, Results: c.results,
-		Binding: bucket.Binding(limits, c.results), Level: level}
+// decision is c's answer, on the limits it was decided with.
+func decision(c *call, level backend.Level) backend.Decision {
+	return backend.Decision{Allowed: c.allowed, Limits: c.limits, Results: c.results,
+		Binding: bucket.Binding(c.limits, c.results), Level: level}
 }
 
 // denyFromSeen answers a denial at once from the last state this replica
@@ -283,7 +278,7 @@ func (b *Backend) denyFromSeen(ts []target, req *backend.Request, level backend.
 		return backend.Decision{}, false
 	}
 	b.stats.LocalAnswers.Add(1)
-	return decision(ts, &c, level), true
+	return decision(&c, level), true
 }
 
 // loadSeen starts every target from the last state this replica saw of
@@ -492,6 +487,7 @@ func decideCalls(ts []target, calls []*call, now int64) (write, needView bool) {
 	}
 	for _, c := range calls {
 		c.results, c.allowed = backend.Apply(c.req, limits, states, now)
+		c.limits = limits
 		if c.allowed && c.req.Hits > 0 {
 			write = true
 		} else {

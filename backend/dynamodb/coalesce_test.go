@@ -439,3 +439,24 @@ func TestEveryCallAnsweredByItsDeadline(t *testing.T) {
 		}
 	}
 }
+
+// Calls whose limits are one set in different orders share a batch; each
+// answer still names the limit its remaining count belongs to, whatever
+// order the batch's first call listed them in.
+func TestCoalescedAnswersFollowTheirOwnLimits(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{}, slowWrites{e.client, 100 * time.Millisecond})
+	tight, roomy := lim(t, "tight", "1/hour", 10), lim(t, "roomy", "1/hour", 1000)
+	xy := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{tight, roomy}, Hits: 1}
+	yx := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{roomy, tight}, Hits: 1}
+	reqs := []backend.Request{xy, yx, xy, yx, xy, yx}
+	for i, d := range decideAll(t, b, reqs) {
+		l, r := d.Limits[d.Binding], d.Results[d.Binding]
+		if !d.Allowed || l.Name != "tight" || r.Tokens >= 10*bucket.Milli {
+			t.Errorf("decision %d: allowed %v, binding %s with %d millitokens left; want tight, under 10 tokens", i, d.Allowed, l.Name, r.Tokens)
+		}
+	}
+	if b.Stats().Coalesced.Load() == 0 {
+		t.Fatal("no decisions shared a write: the test did not batch")
+	}
+}

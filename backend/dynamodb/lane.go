@@ -61,6 +61,9 @@ type call struct {
 
 	// The answer.
 	results []bucket.Result
+	// limits are what results line up with: the limits of the batch's
+	// first call, which a follower may list in another order.
+	limits []bucket.Limit
 	allowed bool
 	err     error
 	done    bool // answered (by a batch, or by the leader giving up)
