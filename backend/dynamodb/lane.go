@@ -63,7 +63,7 @@ type call struct {
 	results []bucket.Result
 	// limits are what results line up with: the limits of the batch's
 	// first call, which a follower may list in another order.
-	limits []bucket.Limit
+	limits  []bucket.Limit
 	allowed bool
 	err     error
 	done    bool // answered (by a batch, or by the leader giving up)
