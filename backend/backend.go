@@ -1,8 +1,8 @@
 // Package backend holds what every Sluice backend shares: the Backend
 // interface the service calls, the request and decision it exchanges, the
 // four-level resolution of a bucket's limits and the TTL rules of the
-// source ADRs. The backends themselves live in the subpackages (memory,
-// and later dynamodb); the arithmetic is in backend/bucket.
+// source ADRs. The backends themselves live in the subpackages (memory
+// and dynamodb); the arithmetic is in backend/bucket.
 //
 // A Request names one bucket (entity and resource, optionally a parent
 // entity to charge too) and carries the limits the mapping config gives it.

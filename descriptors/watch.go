@@ -15,9 +15,8 @@ import (
 // Timings of a Watcher. Events come in bursts (an editor writes a temporary
 // file and renames it; a ConfigMap update creates a directory and two
 // symlinks), so a reload waits for the burst to settle. Polling is the
-// safety net for events that never arrive: a directory that was removed and
-// created again, a watched path that is itself a swapped symlink, network
-// file systems.
+// safety net for events that never arrive, as on network file systems
+// (filewatch itself follows a directory removed and created again).
 const (
 	debounceDelay = 150 * time.Millisecond
 	pollInterval  = 5 * time.Second
@@ -38,7 +37,6 @@ type ReloadStats struct {
 type Watcher struct {
 	dir  string
 	log  *slog.Logger
-	opts watchOptions
 	cur  atomic.Pointer[Config]
 	done chan struct{} // closed when the watch loop has stopped
 	// watching is closed once the file watches are in place and the
@@ -77,7 +75,7 @@ func watch(ctx context.Context, dir string, log *slog.Logger, opts watchOptions)
 	if err != nil {
 		return nil, fmt.Errorf("load mapping config from %s: %w", dir, err)
 	}
-	w := &Watcher{dir: dir, log: log.With("dir", dir), opts: opts, done: make(chan struct{}), watching: make(chan struct{})}
+	w := &Watcher{dir: dir, log: log.With("dir", dir), done: make(chan struct{}), watching: make(chan struct{})}
 	w.cur.Store(cfg)
 	now := time.Now()
 	w.stats = ReloadStats{OK: 1, LastOK: now, LastAttempt: now}

@@ -18,8 +18,8 @@ const (
 	// Update: the record exists with other limits, or as a sync-written
 	// config whose ttl would let it lapse.
 	Update
-	// Delete: an earlier apply wrote the record, and the manifest no
-	// longer declares it.
+	// Delete: an earlier apply's manifest listed the record, and this
+	// one no longer declares it.
 	Delete
 )
 

@@ -49,9 +49,9 @@ func TestBucketViolations(t *testing.T) {
 	}
 }
 
-// After concurrent traffic from two replicas (takes, refunds, checks and
-// cascades), a scan finds every bucket, each keeps every invariant, and
-// the consumed totals add up to what was admitted. A bucket written out of
+// After concurrent traffic from two replicas (takes, refunds and checks),
+// a scan finds every bucket, each keeps every invariant, and the consumed
+// totals add up to what was admitted. A bucket written out of
 // bounds by hand is caught.
 func TestAllBucketsAuditsTheTable(t *testing.T) {
 	e := newEnv(t)

@@ -177,7 +177,9 @@ func keyOut(k backend.RecordKey) recordOut {
 	return recordOut{Level: k.Level().String(), Entity: k.Entity, Resource: k.Resource}
 }
 
-// keyText names a record in tables: "system", "chat", "acme/_default_".
+// keyText names a record in tables and plans, unquoted for reading:
+// "system", "resource chat", "entity acme resource _default_" (errors use
+// RecordKey.String, which quotes the names).
 func keyText(k backend.RecordKey) string {
 	switch k.Level() {
 	case backend.LevelSystem:

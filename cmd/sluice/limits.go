@@ -292,9 +292,9 @@ func newLimitsApplyCommand(o *adminOptions) *cobra.Command {
 		Short: "Make the table hold exactly a manifest's records",
 		Long: `Read a manifest of system, resource and entity limits, print the plan (create,
 update, delete) and carry it out. Records the manifest lists are written as
-operator configs (no expiry). A record is deleted only if an earlier apply
-wrote it and the manifest no longer lists it: configs written by hand or by a
-sync job are never touched unless the manifest names them. Applying the same
+operator configs (no expiry). A record is deleted only if an earlier apply's
+manifest listed it and this one no longer does: configs written by hand or by
+a sync job are never touched unless a manifest names them. Applying the same
 manifest again changes nothing. Two applies at once: the second to finish
 fails and says so; run it again. -f - reads the manifest from stdin.
 

@@ -1,6 +1,8 @@
 // Command sluice is Envoy's external rate-limit service and the tools that
 // go with it: `sluice serve` runs the service, `sluice check` asks a
-// running service for a decision.
+// running service for a decision, `sluice health` probes one, and
+// `sluice table`, `limits`, `entity` and `buckets` manage the DynamoDB
+// backend's table.
 package main
 
 import (

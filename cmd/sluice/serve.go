@@ -162,7 +162,6 @@ type server struct {
 	grpcLn, httpLn, debugLn net.Listener
 	rules                   *descriptors.Watcher
 	backend                 servedBackend
-	certs                   *certs.Reloader // nil without TLS
 	telemetry               *telemetry.Telemetry
 	admission               *admission.Controller
 	// answered latches once the backend has answered a readiness probe:
@@ -377,7 +376,6 @@ func (s *server) serveTLS(ctx context.Context, o serveOptions) (credentials.Tran
 	if err := s.telemetry.ObserveTLS(r.Stats); err != nil {
 		return nil, err
 	}
-	s.certs = r
 	go r.Watch(ctx, 0)
 	return credentials.NewTLS(r.TLSConfig()), nil
 }
