@@ -250,12 +250,17 @@ func (s *Service) onBackendError(ctx context.Context, domain string, m descripto
 	// Backend errors quote entities (request data, often a caller's API
 	// key): the warning names only the kind of failure, and the debug line
 	// only the error's fields that carry no request data (errorAttrs).
+	kind := ErrorKind(err)
 	if ok, left := s.failLog.allow(time.Now()); ok {
 		s.opts.Logger.LogAttrs(ctx, slog.LevelWarn, "backend failed; applying failure policy",
 			slog.String("policy", s.opts.OnBackendError.String()), slog.String("domain", domain),
-			slog.String("rule", m.Rule.Path), slog.String("kind", ErrorKind(err)), slog.Int("not_logged_since_last", left))
+			slog.String("rule", m.Rule.Path), slog.String("kind", kind), slog.Int("not_logged_since_last", left))
 	}
-	s.opts.Logger.LogAttrs(ctx, slog.LevelDebug, "backend error", append([]slog.Attr{slog.String("rule", m.Rule.Path)}, errorAttrs(err)...)...)
+	// Checked first: the fields cost a walk of the error chain on every
+	// failing call, and a failing backend fails every call.
+	if s.opts.Logger.Enabled(ctx, slog.LevelDebug) {
+		s.opts.Logger.LogAttrs(ctx, slog.LevelDebug, "backend error", append([]slog.Attr{slog.String("rule", m.Rule.Path)}, errorAttrs(err)...)...)
+	}
 	switch s.opts.OnBackendError {
 	case FailAllow:
 		st.Code = rlsv3.RateLimitResponse_OK
@@ -269,7 +274,7 @@ func (s *Service) onBackendError(ctx context.Context, domain string, m descripto
 	}
 	// The kind, not the message: the status message ends up in Envoy's
 	// logs and in the call's trace span.
-	return status.Errorf(codes.Unavailable, "rate-limit backend failed: %s", ErrorKind(err))
+	return status.Errorf(codes.Unavailable, "rate-limit backend failed: %s", kind)
 }
 
 // hits is the weight of descriptor d: its own hits_addend when set (zero

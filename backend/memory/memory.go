@@ -136,6 +136,18 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		return backend.NotLimited(), nil
 	}
 	now := b.opts.Now()
+	// Bucket writes are reported after the buckets are unlocked (defers
+	// run last first): callers of a hot bucket wait on its lock, not on
+	// the metrics.
+	var ttls [2]time.Duration
+	written := 0
+	if b.opts.OnBucketWrite != nil {
+		defer func() {
+			for _, ttl := range ttls[:written] {
+				b.opts.OnBucketWrite(ttl)
+			}
+		}()
+	}
 	b.lock(charges, now)
 	defer func() {
 		for i := range charges {
@@ -172,9 +184,8 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 			if ok {
 				e.expires = now + ttl
 			}
-			if b.opts.OnBucketWrite != nil {
-				b.opts.OnBucketWrite(backend.TTLDuration(ttl, ok))
-			}
+			ttls[written] = backend.TTLDuration(ttl, ok)
+			written++
 		}
 	}
 	return backend.Decision{
