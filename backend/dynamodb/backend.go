@@ -251,6 +251,18 @@ func (b *Backend) lead(ctx context.Context, ts []target, keys []bucketKey, batch
 	}
 }
 
+// asked reports whether the table has answered for any of ts during this
+// decision (a read, or a write's returned item): an answer given after
+// that is not local.
+func asked(ts []target) bool {
+	for i := range ts {
+		if ts[i].fresh {
+			return true
+		}
+	}
+	return false
+}
+
 // decision is c's answer, on the limits it was decided with.
 func decision(c *call, level backend.Level) backend.Decision {
 	return backend.Decision{Allowed: c.allowed, Limits: c.limits, Results: c.results,
@@ -350,7 +362,6 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 	// Read the last seen state only now: the batch that held the lane
 	// before this one may have just updated it.
 	b.loadSeen(ts)
-	read := false
 	live := make([]*call, 0, len(batch))
 	for attempt := 1; ; attempt++ {
 		live = live[:0]
@@ -377,7 +388,6 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 				fail(live, err)
 				return
 			}
-			read = true
 			continue
 		}
 		// Denials and checks stand on a view recent enough to deny from:
@@ -391,7 +401,7 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 				n++
 				continue
 			}
-			if !read {
+			if !asked(ts) {
 				b.stats.LocalAnswers.Add(1)
 			}
 			c.finish()

@@ -632,3 +632,22 @@ func TestCascadeFromMeta(t *testing.T) {
 		t.Fatalf("META item %v", meta)
 	}
 }
+
+// A denial reached only after this replica's write lost a race (another
+// replica took the last token) is not a local answer: the table was asked.
+func TestDenialAfterALostRaceIsNotLocal(t *testing.T) {
+	e := newEnv(t)
+	a, other := e.replica(t, Options{}), e.replica(t, Options{})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 2)}, Hits: 1}
+	mustDecide(t, a, req)     // a sees one token left
+	mustDecide(t, other, req) // and other takes it
+	if d := mustDecide(t, a, req); d.Allowed {
+		t.Fatal("admitted from an empty bucket")
+	}
+	if r := a.Stats().ConditionRetries.Load(); r != 1 {
+		t.Fatalf("%d lost races, want 1", r)
+	}
+	if n := a.Stats().LocalAnswers.Load(); n != 0 {
+		t.Fatalf("%d local answers, want none: the denial came from the table", n)
+	}
+}
