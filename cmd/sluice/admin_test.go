@@ -270,7 +270,7 @@ func TestOperatorRoundTrip(t *testing.T) {
 	o.configCacheTTL = 300 * time.Millisecond
 	s, _, _ := startTestServer(t, o)
 	check := func(key string) string {
-		out, code := sluice(t, "check", "--addr", s.grpcLn.Addr().String(), "--domain", "api", "--descriptor", "api_key="+key)
+		out, code := sluice(t, "check", "--grpc-addr", s.grpcLn.Addr().String(), "--domain", "api", "--descriptor", "api_key="+key)
 		if code != 0 {
 			t.Fatalf("check: exit %d\n%s", code, out)
 		}

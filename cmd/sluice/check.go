@@ -43,7 +43,7 @@ remaining and the seconds until it resets. Each --descriptor is one
 descriptor, its entries written key=value and separated by commas.
 A check that consumes (--hits 1, the default) counts like real traffic.`,
 		Example: `  sluice check --domain edge --descriptor remote_address=10.0.0.1
-  sluice check --addr sluice:8081 --domain api --descriptor api_key=k1,path=/v1/chat --hits 250`,
+  sluice check --grpc-addr sluice:8081 --domain api --descriptor api_key=k1,path=/v1/chat --hits 250`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := o.request()
@@ -56,7 +56,7 @@ A check that consumes (--hits 1, the default) counts like real traffic.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
 			defer cancel()
-			resp, err := callShouldRateLimit(ctx, o.addr, creds, req)
+			resp, err := callShouldRateLimit(ctx, localAddr(o.addr, "localhost"), creds, req)
 			if err != nil {
 				return err
 			}
@@ -65,14 +65,14 @@ A check that consumes (--hits 1, the default) counts like real traffic.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.addr, "addr", "localhost:8081", "gRPC address of Sluice")
+	f.StringVar(&o.addr, "grpc-addr", ":8081", "Sluice's gRPC address, as given to serve (an empty host is localhost)")
 	f.StringVar(&o.domain, "domain", "", "rate-limit domain (required)")
 	f.StringArrayVar(&o.descriptors, "descriptor", nil, "a descriptor as key=value[,key=value...]; repeat for several")
 	f.Uint32Var(&o.hits, "hits", 1, "hits_addend of the request; 0 asks without consuming")
 	f.DurationVar(&o.timeout, "timeout", 2*time.Second, "deadline of the call")
 	f.StringVar(&o.tlsCA, "tls-ca", "", "connect with TLS, trusting this CA bundle (PEM)")
-	f.StringVar(&o.tlsCert, "tls-cert", "", "client certificate (PEM) for mutual TLS; needs --tls-ca")
-	f.StringVar(&o.tlsKey, "tls-key", "", "key of --tls-cert (PEM)")
+	f.StringVar(&o.tlsCert, "tls-client-cert", "", "client certificate (PEM) for mutual TLS; needs --tls-ca")
+	f.StringVar(&o.tlsKey, "tls-client-key", "", "key of --tls-client-cert (PEM)")
 	return cmd
 }
 
@@ -80,12 +80,12 @@ A check that consumes (--hits 1, the default) counts like real traffic.`,
 func (o checkOptions) transport() (credentials.TransportCredentials, error) {
 	if o.tlsCA == "" {
 		if o.tlsCert != "" || o.tlsKey != "" {
-			return nil, usageError{errors.New("--tls-cert and --tls-key need --tls-ca")}
+			return nil, usageError{errors.New("--tls-client-cert and --tls-client-key need --tls-ca")}
 		}
 		return insecure.NewCredentials(), nil
 	}
 	if (o.tlsCert == "") != (o.tlsKey == "") {
-		return nil, usageError{errors.New("--tls-cert and --tls-key go together")}
+		return nil, usageError{errors.New("--tls-client-cert and --tls-client-key go together")}
 	}
 	pemData, err := os.ReadFile(o.tlsCA)
 	if err != nil {
@@ -99,7 +99,7 @@ func (o checkOptions) transport() (credentials.TransportCredentials, error) {
 	if o.tlsCert != "" {
 		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
 		if err != nil {
-			return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+			return nil, fmt.Errorf("--tls-client-cert/--tls-client-key: %w", err)
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}

@@ -152,7 +152,7 @@ func TestDockerfileRunsAsNonRoot(t *testing.T) {
 	}
 	// `sluice health` with its defaults probes the port serve listens on
 	// by default, the one the image exposes.
-	healthAddr := newHealthCommand().Flags().Lookup("addr").DefValue
+	healthAddr := newHealthCommand().Flags().Lookup("http-addr").DefValue
 	httpAddr := newServeCommand().Flags().Lookup("http-addr").DefValue
 	_, healthPort, _ := net.SplitHostPort(healthAddr)
 	_, httpPort, _ := net.SplitHostPort(httpAddr)

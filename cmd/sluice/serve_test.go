@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -141,11 +143,11 @@ func TestServeEndToEnd(t *testing.T) {
 	if code, body := get(t, httpURL+"/readyz"); code != 200 {
 		t.Fatalf("/readyz %d %s", code, body)
 	}
-	if out, code := sluice(t, "health", "--addr", s.httpLn.Addr().String()); code != 0 || out != "ready\n" {
+	if out, code := sluice(t, "health", "--http-addr", s.httpLn.Addr().String()); code != 0 || out != "ready\n" {
 		t.Fatalf("sluice health: exit %d\n%s", code, out)
 	}
 
-	checkArgs := []string{"check", "--addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.1.1.1"}
+	checkArgs := []string{"check", "--grpc-addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.1.1.1"}
 	for i := 0; i < 2; i++ {
 		if out, code := sluice(t, checkArgs...); code != 0 || !strings.HasPrefix(out, "OK") {
 			t.Fatalf("check %d: exit %d\n%s", i, code, out)
@@ -178,7 +180,7 @@ func TestServeEndToEnd(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		out, _ = sluice(t, "check", "--addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.9.9.9", "--hits", "0")
+		out, _ = sluice(t, "check", "--grpc-addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.9.9.9", "--hits", "0")
 		if strings.Contains(out, "50/minute") {
 			break
 		}
@@ -196,7 +198,7 @@ func TestServeEndToEnd(t *testing.T) {
 			t.Fatal("broken edit never noticed")
 		}
 	}
-	if out, _ = sluice(t, "check", "--addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.9.9.9", "--hits", "0"); !strings.Contains(out, "50/minute") {
+	if out, _ = sluice(t, "check", "--grpc-addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.9.9.9", "--hits", "0"); !strings.Contains(out, "50/minute") {
 		t.Fatalf("after a broken edit the last good rules are gone:\n%s", out)
 	}
 
@@ -212,7 +214,7 @@ func TestServeEndToEnd(t *testing.T) {
 	if err := s.ready(ctx); err == nil {
 		t.Fatal("ready while shut down")
 	}
-	if out, code := sluice(t, "health", "--addr", s.httpLn.Addr().String(), "--timeout", "500ms"); code != 1 {
+	if out, code := sluice(t, "health", "--http-addr", s.httpLn.Addr().String(), "--timeout", "500ms"); code != 1 {
 		t.Fatalf("sluice health after shutdown: exit %d\n%s", code, out)
 	}
 }
@@ -340,7 +342,7 @@ func TestServeOnDynamoDB(t *testing.T) {
 	if code, body := get(t, "http://"+s.httpLn.Addr().String()+"/readyz"); code != 200 {
 		t.Fatalf("/readyz %d %s", code, body)
 	}
-	args := []string{"check", "--addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.1.1.1"}
+	args := []string{"check", "--grpc-addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.1.1.1"}
 	for i := 0; i < 2; i++ {
 		if out, code := sluice(t, args...); code != 0 || !strings.HasPrefix(out, "OK") {
 			t.Fatalf("check %d: exit %d\n%s", i, code, out)
@@ -518,7 +520,7 @@ func TestServeDynamoDBCostFlags(t *testing.T) {
 	o.backend, o.table, o.region, o.endpoint = "dynamodb", table, "us-east-1", srv.Endpoint()
 	o.denyStaleness, o.coalesceWrites = 0, false
 	s, _, _ := startTestServer(t, o)
-	args := []string{"check", "--addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.9.9.9"}
+	args := []string{"check", "--grpc-addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.9.9.9"}
 	for i, want := range []string{"OK", "OK", "OVER_LIMIT", "OVER_LIMIT"} {
 		if out, code := sluice(t, args...); code != 0 || !strings.HasPrefix(out, want) {
 			t.Fatalf("check %d: exit %d, want %s\n%s", i, code, want, out)
@@ -531,5 +533,28 @@ func TestServeDynamoDBCostFlags(t *testing.T) {
 	}
 	if d := s.backend.(*ddb.Backend); d.Stats().Coalesced.Load() != 0 {
 		t.Fatalf("coalesced %d decisions with --coalesce-writes=false", d.Stats().Coalesced.Load())
+	}
+}
+
+// The environment that configures serve also points health and check at
+// it: SLUICE_HTTP_ADDR and SLUICE_GRPC_ADDR with an empty host (every
+// interface) reach the local server, and serve's own TLS identity
+// (SLUICE_TLS_CERT, SLUICE_TLS_KEY) is no client certificate of check's.
+func TestToolsShareServesEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "edge.yaml"), []byte(rulesV1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s, _, _ := startTestServer(t, testOptions(dir))
+	port := func(ln net.Listener) string { return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port) }
+	t.Setenv("SLUICE_HTTP_ADDR", ":"+port(s.httpLn))
+	t.Setenv("SLUICE_GRPC_ADDR", "0.0.0.0:"+port(s.grpcLn))
+	t.Setenv("SLUICE_TLS_CERT", "/etc/sluice/tls/tls.crt")
+	t.Setenv("SLUICE_TLS_KEY", "/etc/sluice/tls/tls.key")
+	if out, code := sluice(t, "health"); code != 0 || out != "ready\n" {
+		t.Fatalf("health from serve's environment: exit %d\n%s", code, out)
+	}
+	if out, code := sluice(t, "check", "--domain", "edge", "--descriptor", "remote_address=10.7.7.7"); code != 0 || !strings.HasPrefix(out, "OK") {
+		t.Fatalf("check from serve's environment: exit %d\n%s", code, out)
 	}
 }

@@ -309,21 +309,21 @@ func TestServeMutualTLS(t *testing.T) {
 	o := testOptions(dir)
 	o.tlsCert, o.tlsKey, o.tlsClientCA = serverCert, serverKey, caFile
 	s, _, _ := startTestServer(t, o)
-	check := []string{"check", "--addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.0.0.1", "--timeout", "5s"}
+	check := []string{"check", "--grpc-addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.0.0.1", "--timeout", "5s"}
 
-	if out, code := sluice(t, append(check, "--tls-ca", caFile, "--tls-cert", clientCert, "--tls-key", clientKey)...); code != 0 || !strings.HasPrefix(out, "OK") {
+	if out, code := sluice(t, append(check, "--tls-ca", caFile, "--tls-client-cert", clientCert, "--tls-client-key", clientKey)...); code != 0 || !strings.HasPrefix(out, "OK") {
 		t.Fatalf("with a client certificate: exit %d\n%s", code, out)
 	}
 	for what, extra := range map[string][]string{
 		"no client certificate":       {"--tls-ca", caFile},
-		"a certificate of another CA": {"--tls-ca", caFile, "--tls-cert", strangerCert, "--tls-key", strangerKey},
+		"a certificate of another CA": {"--tls-ca", caFile, "--tls-client-cert", strangerCert, "--tls-client-key", strangerKey},
 		"plaintext":                   {"--timeout", "1s"},
 	} {
 		if out, code := sluice(t, append(check, extra...)...); code != 1 {
 			t.Errorf("%s: exit %d, want 1\n%s", what, code, out)
 		}
 	}
-	if out, code := sluice(t, append(check, "--tls-cert", clientCert)...); code != 2 {
+	if out, code := sluice(t, append(check, "--tls-client-cert", clientCert)...); code != 2 {
 		t.Errorf("--tls-cert without --tls-ca: exit %d\n%s", code, out)
 	}
 
@@ -405,7 +405,7 @@ func TestOTLPExport(t *testing.T) {
 	o := testOptions(dir)
 	o.otlpEndpoint, o.otlpInsecure, o.traceSampling = ln.Addr().String(), true, 1
 	s, stop, _ := startTestServer(t, o)
-	check := []string{"check", "--addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.0.0.1"}
+	check := []string{"check", "--grpc-addr", s.grpcLn.Addr().String(), "--domain", "edge", "--descriptor", "remote_address=10.0.0.1"}
 	if out, code := sluice(t, check...); code != 0 {
 		t.Fatalf("check: exit %d\n%s", code, out)
 	}
