@@ -83,6 +83,12 @@ func TestLimitsCommands(t *testing.T) {
 		t.Errorf("get zed/chat as JSON: %+v", res)
 	}
 
+	// Where the table's answer is the system default, the rule files'
+	// limits (not in the table) come first, and get says so.
+	out = tb.run(t, 0, "limits", "get", "--resource", "search")
+	contains(t, "get search", out, "system    system           rpm=1000/min  never  <- in force",
+		"the system default applies only where the rule files give the resource no limits")
+
 	// list: one entity, or everything (as YAML for scripts).
 	out = tb.run(t, 0, "limits", "list", "--entity", "trial-7")
 	contains(t, "list trial-7", out, "entity trial-7 resource chat  rpm=10/min")
@@ -318,4 +324,19 @@ func TestOperatorRoundTrip(t *testing.T) {
 	tb.run(t, 1, "buckets", "get", "--entity", "k3", "--resource", "chat")
 	tb.run(t, 2, "buckets", "get", "--entity", "k3")
 	tb.run(t, 2, "buckets", "list")
+
+	// Without the resource record the rule file's 5/min comes before a
+	// system default; buckets get, which cannot see the rule file, says
+	// so and does not call the bucket stale.
+	tb.run(t, 0, "limits", "delete", "--resource", "chat")
+	tb.run(t, 0, "limits", "set", "--system", "rpm=1000/min")
+	time.Sleep(2 * o.configCacheTTL)
+	if out := check("k5"); !strings.Contains(out, "5/minute (rpm)") {
+		t.Fatalf("k5 after the resource record went: %s", out)
+	}
+	out = tb.run(t, 0, "buckets", "get", "--entity", "k5", "--resource", "chat")
+	contains(t, "bucket on the rule file's limits", out, "limits from: the rule files' limits for the resource if any, else the system default")
+	if strings.Contains(out, "stale") {
+		t.Errorf("a bucket on the rule file's limits called stale:\n%s", out)
+	}
 }

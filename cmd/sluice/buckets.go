@@ -44,7 +44,9 @@ type bucketOut struct {
 	// Source is the level the limits come from now, per the table.
 	Source string `json:"source" yaml:"source"`
 	// Stale: the limits in force differ from those the bucket was last
-	// written with; its next write brings it in line.
+	// written with; its next write brings it in line. Always false where
+	// the table's answer is the system default or nothing, as the rule
+	// files may decide there.
 	Stale bool `json:"stale" yaml:"stale"`
 }
 
@@ -62,6 +64,10 @@ func sourceText(r backend.Resolved) string {
 		return "operator-written entity config: never expires"
 	case r.Level == backend.LevelNone:
 		return "the rule files (no record in the table): expires after its time to fill x the TTL multiplier"
+	case r.Level == backend.LevelSystem:
+		// The rule files' limits come before the system default, and
+		// they are not in the table.
+		return "the rule files' limits for the resource if any, else the system default: expires after its time to fill x the TTL multiplier"
 	}
 	return r.Level.String() + " default: expires after its time to fill x the TTL multiplier"
 }
@@ -95,7 +101,9 @@ func newBucketsGetCommand(o *adminOptions) *cobra.Command {
 			}
 			now := time.Now()
 			out := bucketOut{Entity: entity, Resource: resource, TTL: ttlOut(b.TTL), Source: sourceText(r),
-				Stale: r.Level != backend.LevelNone && bucket.Fingerprint(r.Limits) != b.Cfg}
+				// Below the resource default the rule files may decide, and
+				// they are not known here: no verdict then.
+				Stale: r.Level != backend.LevelNone && r.Level != backend.LevelSystem && bucket.Fingerprint(r.Limits) != b.Cfg}
 			nowStates := make([]bucket.State, len(b.Limits))
 			for i, l := range b.Limits {
 				nowStates[i] = bucket.Refill(l, b.States[i], now.UnixMilli())

@@ -151,7 +151,9 @@ level: every level resolution reads is listed, the one in force marked. For
 --entity E --resource R that is all four levels; for --entity E alone, the
 entity-wide config (_default_) and the system default; for --resource R, the
 resource default and the system default. The rule files' own limits for a
-resource are not in the table: where no level has any, they apply.`,
+resource are not in the table; serve puts them after the resource default and
+before the system default. So where the table's answer is the system default,
+or nothing, the rule files' limits apply if the rule has any.`,
 		Example: `  sluice limits get --table sluice --entity acme --resource chat
   sluice limits get --table sluice --resource chat -o json`,
 		Args: cobra.NoArgs,
@@ -190,8 +192,11 @@ resource are not in the table: where no level has any, they apply.`,
 					}
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Record.Level, keyText(levels[i]), limitsText(c.Limits), ttl)
 				}
-				if res.Level == backend.LevelNone.String() {
+				switch res.Level {
+				case backend.LevelNone.String():
 					fmt.Fprintln(w, "no level has limits in the table: the rule files' limits apply, if any")
+				case backend.LevelSystem.String():
+					fmt.Fprintln(w, "the system default applies only where the rule files give the resource no limits")
 				}
 			})
 		},
