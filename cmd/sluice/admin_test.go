@@ -204,10 +204,15 @@ entities:
 		t.Errorf("the system record the manifest dropped is still there:\n%s", out)
 	}
 
-	// From stdin too; a bad manifest changes nothing and names the line.
+	// A bad manifest names the line and changes nothing; apply without
+	// -f is a usage error.
+	before := tb.run(t, 0, "limits", "list", "-o", "json")
 	write("resources:\n  chat:\n    - {name: rpm, rate: 30/fortnight}\n")
 	out = tb.run(t, 1, "limits", "apply", "-f", file)
 	contains(t, "bad manifest", out, "limits.yaml:3: resource chat: limit \"rpm\": rate \"30/fortnight\"")
+	if after := tb.run(t, 0, "limits", "list", "-o", "json"); after != before {
+		t.Errorf("a bad manifest changed the table:\n%s\nbecame\n%s", before, after)
+	}
 	tb.run(t, 2, "limits", "apply")
 }
 
@@ -295,8 +300,9 @@ func TestOperatorRoundTrip(t *testing.T) {
 	contains(t, "bucket of k1", out, "limits from: resource default: expires after its time to fill x the TTL multiplier",
 		"rpm    3/min  3      0", "expires: 20")
 
-	// k1 gets its own, larger limit; within the cache TTL the service
-	// still uses the old one, after it the new.
+	// k1 gets its own, larger limit: the bucket shows it in force and the
+	// bucket stale until its next write; after the cache TTL the service
+	// decides on it.
 	tb.run(t, 0, "limits", "set", "--entity", "k1", "--resource", "chat", "rpm10=10/min")
 	out = tb.run(t, 0, "buckets", "get", "--entity", "k1", "--resource", "chat")
 	contains(t, "bucket before its next write", out, "limits from: operator-written entity config: never expires", "stale:")
@@ -308,7 +314,7 @@ func TestOperatorRoundTrip(t *testing.T) {
 	if err := json.Unmarshal([]byte(tb.run(t, 0, "buckets", "get", "--entity", "k1", "--resource", "chat", "-o", "json")), &b); err != nil {
 		t.Fatal(err)
 	}
-	if b.Stale || b.TTL != "" || len(b.Limits) != 1 || b.Limits[0].Name != "rpm10" || b.Limits[0].Tokens < 9 || b.Limits[0].Tokens > 9.1 {
+	if b.Stale || b.TTL != "" || len(b.Limits) != 1 || b.Limits[0].Name != "rpm10" || b.Limits[0].Tokens < 9 || b.Limits[0].Tokens >= 10 {
 		t.Errorf("bucket after the write: %+v", b)
 	}
 	// Other keys keep the resource default.

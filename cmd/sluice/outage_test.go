@@ -436,7 +436,7 @@ func TestBackendSlowAndPartitioned(t *testing.T) {
 
 // memoryDir is a directory for DynamoDB Local's database files that
 // survives its process but not the test: in /dev/shm where there is one,
-// since on disk its SQLite writes are too slow for a 250 ms deadline on a
+// since on disk its SQLite writes are too slow for a 500 ms deadline on a
 // busy machine.
 func memoryDir(t *testing.T) string {
 	t.Helper()

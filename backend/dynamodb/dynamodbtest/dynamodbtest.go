@@ -209,13 +209,6 @@ func (s *Server) waitReady(ctx context.Context, p *process) error {
 // Endpoint is the server's URL, for BaseEndpoint or --endpoint.
 func (s *Server) Endpoint() string { return s.endpoint }
 
-// Output is what the server's current process has printed so far.
-func (s *Server) Output() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.p.out.String()
-}
-
 // Client returns a DynamoDB client for this server: static dummy
 // credentials, region us-east-1. Nothing is read from the environment.
 // The context is not used; it is there so that the signature can stay
