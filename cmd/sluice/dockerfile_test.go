@@ -58,8 +58,8 @@ func execForm(t *testing.T, in dockerInstruction, args string) []string {
 }
 
 // The container image as the Dockerfile describes it. No Docker engine
-// runs here, so this checks the file, not a built image: the final stage
-// is a distroless static base, runs as a named non-root user, puts a
+// runs here, so this checks the file, not a built image: what it copies
+// from the repository exists, the final stage is a distroless static base, runs as a named non-root user, puts a
 // static binary where ENTRYPOINT and HEALTHCHECK look for it, and their
 // subcommands exist in this binary; nothing in it turns the debug
 // listener outward or pprof on.
@@ -121,6 +121,17 @@ func TestDockerfileRunsAsNonRoot(t *testing.T) {
 
 	if binary == "" {
 		t.Fatal("Dockerfile: the final stage copies no sluice binary from the build stage")
+	}
+	// What any stage copies from the repository exists: a renamed file
+	// would break the build no test here runs.
+	for _, in := range all {
+		if f := strings.Fields(in.args); in.cmd == "COPY" && !strings.HasPrefix(in.args, "--from=") && len(f) >= 2 {
+			for _, src := range f[:len(f)-1] {
+				if _, err := os.Stat(filepath.Join("..", "..", src)); err != nil {
+					t.Errorf("Dockerfile:%d: COPY %s: %v", in.line, src, err)
+				}
+			}
+		}
 	}
 	// A static base has no libc: the binary must be built without cgo.
 	built := false
