@@ -40,10 +40,13 @@ const (
 	OutcomeUnlimited
 	// OutcomeUnmatched: no rule matched the descriptor.
 	OutcomeUnmatched
+	// OutcomeReplaced: another matched rule of the request replaces this
+	// one (rate_limit.replaces): answered OK, not decided.
+	OutcomeReplaced
 )
 
 func (o Outcome) String() string {
-	return [...]string{"ok", "near_limit", "over_limit", "shadow_over_limit", "unlimited", "unmatched"}[o]
+	return [...]string{"ok", "near_limit", "over_limit", "shadow_over_limit", "unlimited", "unmatched", "replaced"}[o]
 }
 
 // Decided is the outcome of one descriptor.

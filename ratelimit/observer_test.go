@@ -73,6 +73,7 @@ func TestObserverHearsEveryOutcome(t *testing.T) {
 	call(t, c, one("nomatch", "x"))
 	call(t, c, one("shadow", "s"))
 	call(t, c, one("shadow", "s"))
+	call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("a", "x"), desc("b", "y")}})
 	decided, answered := rec.take()
 	want := []string{
 		"test test/ip 10.0.0.1 ok",
@@ -83,11 +84,13 @@ func TestObserverHearsEveryOutcome(t *testing.T) {
 		"test -  unmatched",
 		"test test/shadow s near_limit", // a burst of 1: none left
 		"test test/shadow s shadow_over_limit",
+		"test test/a=x _global_ replaced", // (b=y)'s rule replaces it
+		"test test/b=y _global_ ok",
 	}
 	if !slices.Equal(decided, want) {
 		t.Errorf("decided\n%s\nwant\n%s", strings.Join(decided, "\n"), strings.Join(want, "\n"))
 	}
-	if len(answered) != 8 || answered[3] != "test known=true OK OVER_LIMIT" || answered[0] != "test known=true OK OK" {
+	if len(answered) != 9 || answered[3] != "test known=true OK OVER_LIMIT" || answered[0] != "test known=true OK OK" {
 		t.Errorf("answered %q", answered)
 	}
 

@@ -171,6 +171,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 			st.LimitRemaining = math.MaxUint32
 			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: true, Rule: m.Rule, Entity: m.Entity, Outcome: OutcomeUnlimited})
 		case m.Rule.Name != "" && replaced[m.Rule.Name]:
+			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: true, Rule: m.Rule, Entity: m.Entity, Outcome: OutcomeReplaced})
 		default:
 			if backendCtx == nil {
 				backendCtx, cancel = s.backendContext(ctx)
