@@ -112,10 +112,11 @@ type MemoryService struct {
 // Close frees the backend and the telemetry.
 func (m *MemoryService) Close() { m.release() }
 
-// NewMemoryService returns a Sluice service as `sluice serve` builds it
-// on the memory backend: rulesYAML (one file's content), a fresh backend
-// made with opts, and telemetry as serve has it by default (metrics on,
-// no traces, as without --otlp-endpoint).
+// NewMemoryService returns the Sluice service `sluice serve` builds on the
+// memory backend: rulesYAML (one file's content), a fresh backend made
+// with opts, and telemetry as serve has it by default (metrics on, no
+// traces, as without --otlp-endpoint). serve's admission and panic
+// recovery interceptors are not among ServerOptions.
 func NewMemoryService(rulesYAML string, opts memory.Options) (*MemoryService, error) {
 	cfg, err := descriptors.Parse(map[string][]byte{"bench.yaml": []byte(rulesYAML)})
 	if err != nil {
