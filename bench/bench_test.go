@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -190,16 +191,29 @@ func TestRunCancel(t *testing.T) {
 	}
 }
 
+// Run refuses a bad config before it dials, naming what is wrong: each
+// case below would otherwise fail only later, at the first call, for
+// another reason.
 func TestRunRejects(t *testing.T) {
-	for name, cfg := range map[string]Config{
-		"remote":      {Addrs: []string{"192.0.2.1:8081"}, Duration: time.Second, Workload: SingleKey()},
-		"no port":     {Addrs: []string{"127.0.0.1"}, Duration: time.Second, Workload: SingleKey()},
-		"no duration": {Addrs: []string{"127.0.0.1:1"}, Workload: SingleKey()},
-		"no domain":   {Addrs: []string{"127.0.0.1:1"}, Duration: time.Second, Workload: Workload{Entries: []Entry{{"k", "v"}}}},
-		"no entries":  {Addrs: []string{"127.0.0.1:1"}, Duration: time.Second, Workload: Workload{Domain: "d"}},
+	for name, c := range map[string]struct {
+		cfg  Config
+		want string
+	}{
+		"remote":      {Config{Addrs: []string{"192.0.2.1:8081"}, Duration: time.Second, Workload: SingleKey()}, "only loopback"},
+		"no port":     {Config{Addrs: []string{"127.0.0.1"}, Duration: time.Second, Workload: SingleKey()}, "missing port"},
+		"no duration": {Config{Addrs: []string{"127.0.0.1:1"}, Workload: SingleKey()}, "duration 0s"},
+		"no domain":   {Config{Addrs: []string{"127.0.0.1:1"}, Duration: time.Second, Workload: Workload{Entries: []Entry{{"k", "v"}}}}, "empty domain"},
+		"no entries":  {Config{Addrs: []string{"127.0.0.1:1"}, Duration: time.Second, Workload: Workload{Domain: "d"}}, "no descriptor entries"},
+		"remote metrics": {Config{Addrs: []string{"127.0.0.1:1"}, Metrics: []string{"http://192.0.2.1:8080/metrics"}, Duration: time.Second, Workload: SingleKey()},
+			"192.0.2.1"},
+		"https metrics": {Config{Addrs: []string{"127.0.0.1:1"}, Metrics: []string{"https://127.0.0.1:8080/metrics"}, Duration: time.Second, Workload: SingleKey()},
+			"https"},
+		"one remote":       {Config{Addrs: []string{"127.0.0.1:1", "192.0.2.1:8081"}, Duration: time.Second, Workload: SingleKey()}, "only loopback"},
+		"negative timeout": {Config{Addrs: []string{"127.0.0.1:1"}, Timeout: -time.Second, Duration: time.Second, Workload: SingleKey()}, "timeout -1s"},
+		"no target":        {Config{Duration: time.Second, Workload: SingleKey()}, "no target address"},
 	} {
-		if _, err := Run(t.Context(), cfg); err == nil {
-			t.Errorf("%s: Run accepted %+v", name, cfg)
+		if _, err := Run(t.Context(), c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Run(%+v) = %v, want an error naming %q", name, c.cfg, err, c.want)
 		}
 	}
 }
@@ -315,19 +329,5 @@ func TestRunMetrics(t *testing.T) {
 		t.Fatalf("%d page(s), %v backend decisions; want 1 page, %d (the answered calls)", u.Pages, u.Decisions, r.OK+r.OverLimit)
 	case u.DynamoDBCalls != 0 || u.WriteUnits != nil || u.LocalAnswers != nil:
 		t.Fatalf("memory backend with DynamoDB usage: %+v", u)
-	}
-}
-
-func TestRunRejectsMetrics(t *testing.T) {
-	for name, cfg := range map[string]Config{
-		"remote metrics":   {Addrs: []string{"127.0.0.1:1"}, Metrics: []string{"http://192.0.2.1:8080/metrics"}, Duration: time.Second, Workload: SingleKey()},
-		"https metrics":    {Addrs: []string{"127.0.0.1:1"}, Metrics: []string{"https://127.0.0.1:8080/metrics"}, Duration: time.Second, Workload: SingleKey()},
-		"one remote":       {Addrs: []string{"127.0.0.1:1", "192.0.2.1:8081"}, Duration: time.Second, Workload: SingleKey()},
-		"negative timeout": {Addrs: []string{"127.0.0.1:1"}, Timeout: -time.Second, Duration: time.Second, Workload: SingleKey()},
-		"no target":        {Duration: time.Second, Workload: SingleKey()},
-	} {
-		if _, err := Run(t.Context(), cfg); err == nil {
-			t.Errorf("%s: Run accepted %+v", name, cfg)
-		}
 	}
 }
