@@ -201,15 +201,6 @@ func (r *faultRig) waitAnswered(n int64) {
 	waitUntil(r.t, 20*time.Second, fmt.Sprintf("%d more answered calls", n), func() bool { return r.answered.Load() >= target })
 }
 
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-	}
-}
-
 func (r *faultRig) debugConfig() configView {
 	r.t.Helper()
 	_, body := get(r.t, "http://"+r.s.debugLn.Addr().String()+"/debug/config")

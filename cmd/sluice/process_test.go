@@ -47,12 +47,13 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// waitFor polls until cond holds, failing the test after 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
+// waitUntil polls cond every 20 ms until it holds, failing the test,
+// with what it waited for, once timeout has passed.
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10 s", what)
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 	}
 }

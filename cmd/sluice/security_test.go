@@ -81,7 +81,7 @@ func serveCommandLine(t *testing.T, args ...string) map[string]string {
 		}
 	})
 	var addrs map[string]string
-	waitFor(t, "sluice serve starting", func() bool {
+	waitUntil(t, 10*time.Second, "sluice serve starting", func() bool {
 		select {
 		case code := <-exit:
 			exit <- code
@@ -362,7 +362,7 @@ func TestLogsKeepRequestValuesOut(t *testing.T) {
 			if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: fortnight}\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "the broken rule file noticed", func() bool { return s.rules.Stats().Failed > 0 })
+			waitUntil(t, 10*time.Second, "the broken rule file noticed", func() bool { return s.rules.Stats().Failed > 0 })
 			recorded := spans.GetSpans() // before shutdown, which empties the exporter
 			cancel()
 			if err := <-done; err != nil {
@@ -452,7 +452,7 @@ func TestLogsKeepSecretsOutOnDynamoDB(t *testing.T) {
 			if err := os.WriteFile(rules, []byte("domain: api\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: fortnight}\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "the broken rule file logged", func() bool { return strings.Contains(p.out.String(), "mapping config reload failed") })
+			waitUntil(t, 10*time.Second, "the broken rule file logged", func() bool { return strings.Contains(p.out.String(), "mapping config reload failed") })
 
 			out := p.stop(t)
 			for _, want := range []string{"backend failed; applying failure policy", "backend error",
