@@ -15,9 +15,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
@@ -98,11 +96,7 @@ func TestOverloadIsShed(t *testing.T) {
 		return capacityBackend{Backend: be, slots: make(chan struct{}, slots), hold: hold}
 	}
 	s, _, _ := startTestServer(t, o)
-	conn, err := grpc.NewClient(s.grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialConn(t, s.grpcLn.Addr().String())
 	c := rlsv3.NewRateLimitServiceClient(conn)
 	health := healthpb.NewHealthClient(conn)
 

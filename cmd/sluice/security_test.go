@@ -16,9 +16,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-rl/sluice/backend"
@@ -206,11 +204,7 @@ func TestServeDefaultsKeepDebugEndpointsLocal(t *testing.T) {
 
 	// The gRPC port serves the rate-limit service, health and reflection,
 	// and no admin service (channelz, CSDS...) besides.
-	conn, err := grpc.NewClient(addrs["grpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialConn(t, addrs["grpc"])
 	services := strings.Fields(listServices(t, conn))
 	slices.Sort(services)
 	want := []string{"envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health",
@@ -299,15 +293,15 @@ func (b hostileBackend) Decide(ctx context.Context, req *backend.Request) (backe
 
 // hostileRequests are invalid requests that carry API keys.
 func hostileRequests() []*rlsv3.RateLimitRequest {
-	entries := func(es ...*rlv3.RateLimitDescriptor_Entry) []*rlv3.RateLimitDescriptor {
-		return []*rlv3.RateLimitDescriptor{{Entries: es}}
+	one := func(key, value string) []*rlv3.RateLimitDescriptor {
+		return []*rlv3.RateLimitDescriptor{entries(key, value)}
 	}
 	return []*rlsv3.RateLimitRequest{
-		{Domain: "api", Descriptors: entries(&rlv3.RateLimitDescriptor_Entry{Key: "api_key", Value: strings.Repeat("k", 5000) + apiKeyMarker})},
-		{Domain: "api", Descriptors: entries(&rlv3.RateLimitDescriptor_Entry{Key: "", Value: "sk-" + apiKeyMarker + "-empty-key"})},
-		{Domain: "api", Descriptors: entries(&rlv3.RateLimitDescriptor_Entry{Key: strings.Repeat(apiKeyMarker, 30), Value: "v"})},
-		{Domain: "", Descriptors: entries(&rlv3.RateLimitDescriptor_Entry{Key: "api_key", Value: "sk-" + apiKeyMarker + "-no-domain"})},
-		{Domain: strings.Repeat(apiKeyMarker, 30), Descriptors: entries(&rlv3.RateLimitDescriptor_Entry{Key: "api_key", Value: "x"})},
+		{Domain: "api", Descriptors: one("api_key", strings.Repeat("k", 5000)+apiKeyMarker)},
+		{Domain: "api", Descriptors: one("", "sk-"+apiKeyMarker+"-empty-key")},
+		{Domain: "api", Descriptors: one(strings.Repeat(apiKeyMarker, 30), "v")},
+		{Domain: "", Descriptors: one("api_key", "sk-"+apiKeyMarker+"-no-domain")},
+		{Domain: strings.Repeat(apiKeyMarker, 30), Descriptors: one("api_key", "x")},
 	}
 }
 

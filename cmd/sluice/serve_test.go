@@ -8,11 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -83,16 +81,23 @@ func startLoggingServer(t *testing.T, o serveOptions, log *slog.Logger) (*server
 	return s, cancel, done
 }
 
-// dial is a RateLimitService client of the server at addr, over
-// plaintext gRPC, closed at the test's end.
-func dial(t *testing.T, addr string) rlsv3.RateLimitServiceClient {
+// dialConn is a plaintext gRPC connection to the server at addr, closed
+// at the test's end.
+func dialConn(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return rlsv3.NewRateLimitServiceClient(conn)
+	return conn
+}
+
+// dial is a RateLimitService client of the server at addr, over
+// plaintext gRPC, closed at the test's end.
+func dial(t *testing.T, addr string) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	return rlsv3.NewRateLimitServiceClient(dialConn(t, addr))
 }
 
 func sluice(t *testing.T, args ...string) (string, int) {
@@ -124,11 +129,7 @@ func TestServeEndToEnd(t *testing.T) {
 	httpURL := "http://" + s.httpLn.Addr().String()
 	debugURL := "http://" + s.debugLn.Addr().String()
 
-	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialConn(t, grpcAddr)
 	ctx := context.Background()
 	hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"})
 	if err != nil || hr.Status != healthpb.HealthCheckResponse_SERVING {
@@ -417,12 +418,7 @@ func TestShutdownDrainsInFlightCalls(t *testing.T) {
 		return slowBackend{Backend: be, delay: 500 * time.Millisecond, started: started}
 	}
 	s, stop, _ := startTestServer(t, o)
-	conn, err := grpc.NewClient(s.grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := rlsv3.NewRateLimitServiceClient(conn)
+	c := dial(t, s.grpcLn.Addr().String())
 	req := func(i int) *rlsv3.RateLimitRequest {
 		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{
 			{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: fmt.Sprintf("10.0.0.%d", i)}}}}}
@@ -546,9 +542,8 @@ func TestToolsShareServesEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, _, _ := startTestServer(t, testOptions(dir))
-	port := func(ln net.Listener) string { return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port) }
-	t.Setenv("SLUICE_HTTP_ADDR", ":"+port(s.httpLn))
-	t.Setenv("SLUICE_GRPC_ADDR", "0.0.0.0:"+port(s.grpcLn))
+	t.Setenv("SLUICE_HTTP_ADDR", ":"+port(t, s.httpLn.Addr().String()))
+	t.Setenv("SLUICE_GRPC_ADDR", "0.0.0.0:"+port(t, s.grpcLn.Addr().String()))
 	t.Setenv("SLUICE_TLS_CERT", "/etc/sluice/tls/tls.crt")
 	t.Setenv("SLUICE_TLS_KEY", "/etc/sluice/tls/tls.key")
 	if out, code := sluice(t, "health"); code != 0 || out != "ready\n" {

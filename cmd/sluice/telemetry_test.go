@@ -24,7 +24,6 @@ import (
 	collectormetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/sluice-rl/sluice/certs/certstest"
@@ -95,29 +94,17 @@ func TestMetricsAfterKnownTraffic(t *testing.T) {
 		t.Fatal(err)
 	}
 	s, _, _ := startTestServer(t, testOptions(dir))
-	conn, err := grpc.NewClient(s.grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := rlsv3.NewRateLimitServiceClient(conn)
-	ask := func(domain string, kv ...string) {
-		t.Helper()
-		req := &rlsv3.RateLimitRequest{Domain: domain}
-		for i := 0; i < len(kv); i += 2 {
-			req.Descriptors = append(req.Descriptors, &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: kv[i], Value: kv[i+1]}}})
-		}
-		c.ShouldRateLimit(context.Background(), req)
-	}
+	c := dial(t, s.grpcLn.Addr().String())
 	// 2 a minute per address: one with a token to spare, one that
-	// spends the last (near the limit), one over.
+	// spends the last (near the limit), one over. The answers are not
+	// read: the metrics must tell what they were.
 	for range 3 {
-		ask("edge", "remote_address", "198.51.100.7")
+		ask(c, "edge", "remote_address", "198.51.100.7")
 	}
-	ask("edge", "plan", "gold")
-	ask("edge", "nomatch", "x")
-	ask("attacker-chosen-domain", "remote_address", "198.51.100.7")
-	ask("edge") // no descriptors: INVALID_ARGUMENT
+	ask(c, "edge", "plan", "gold")
+	ask(c, "edge", "nomatch", "x")
+	ask(c, "attacker-chosen-domain", "remote_address", "198.51.100.7")
+	ask(c, "edge") // no descriptors: INVALID_ARGUMENT
 
 	got, raw := scrape(t, s)
 	want := map[string]float64{
@@ -227,12 +214,7 @@ func TestTraces(t *testing.T) {
 	o := testOptions(dir)
 	o.spanExporter, o.traceSampling = spans, 0
 	s, _, _ := startTestServer(t, o)
-	conn, err := grpc.NewClient(s.grpcLn.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := rlsv3.NewRateLimitServiceClient(conn)
+	c := dial(t, s.grpcLn.Addr().String())
 	req := &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{
 		{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.1"}}}}}
 
