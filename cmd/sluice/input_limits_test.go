@@ -1,60 +1,19 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"regexp"
+	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
-
-// runServe runs `sluice serve` with args, as the binary would (flags,
-// environment, validation), on loopback ports of its own, and returns a
-// client of its gRPC port once it logs that it serves. The server stops
-// when the test ends, and must exit cleanly.
-func runServe(t *testing.T, args ...string) rlsv3.RateLimitServiceClient {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	logs := &syncBuffer{}
-	done := make(chan int, 1)
-	args = append([]string{"serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", ""}, args...)
-	go func() { done <- run(ctx, args, io.Discard, logs) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case code := <-done:
-			if code != 0 {
-				t.Errorf("sluice serve exited %d:\n%s", code, logs)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("sluice serve did not stop:\n%s", logs)
-		}
-	})
-	addr := regexp.MustCompile(`grpc=(\S+)`)
-	var m []string
-	for deadline := time.Now().Add(30 * time.Second); m == nil; m = addr.FindStringSubmatch(logs.String()) {
-		select {
-		case code := <-done:
-			done <- code // for the cleanup
-			t.Fatalf("sluice %s exited %d before serving:\n%s", strings.Join(args, " "), code, logs)
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sluice serve not serving after 30 s:\n%s", logs)
-		}
-	}
-	return dial(t, m[1])
-}
 
 // overLimit builds, for each input limit flag, a request carrying n of
 // what the limit counts; n is one past the limit in force in the tests.
@@ -103,8 +62,9 @@ func TestServeInputLimitFlags(t *testing.T) {
 	}
 	defaults := map[string]int{"--max-descriptors": 64, "--max-entries": 32, "--max-key-bytes": 256, "--max-value-bytes": 4096}
 	ctx := context.Background()
+	local := []string{"--config-dir", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", ""}
 
-	c := runServe(t, "--config-dir", dir)
+	c := dial(t, serveCommandLine(t, local...)["grpc"])
 	for i, o := range overLimit {
 		n := defaults[o.flag] + 1
 		_, err := c.ShouldRateLimit(ctx, o.req(n))
@@ -121,8 +81,8 @@ func TestServeInputLimitFlags(t *testing.T) {
 		}
 	}
 
-	raised := runServe(t, "--config-dir", dir, "--max-descriptors", "65", "--max-entries", "33",
-		"--max-key-bytes", "257", "--max-value-bytes", "4097")
+	raised := dial(t, serveCommandLine(t, append(slices.Clone(local), "--max-descriptors", "65", "--max-entries", "33",
+		"--max-key-bytes", "257", "--max-value-bytes", "4097")...)["grpc"])
 	for _, o := range overLimit {
 		n := defaults[o.flag] + 1
 		resp, err := raised.ShouldRateLimit(ctx, o.req(n))
@@ -136,25 +96,18 @@ func TestServeInputLimitFlags(t *testing.T) {
 		}
 	}
 
-	// A serve that wrongly accepted the flag would run until the timeout,
-	// then exit 0.
-	refused := func(args ...string) (string, int) {
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		var out bytes.Buffer
-		args = append([]string{"serve", "--config-dir", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", ""}, args...)
-		code := run(ctx, args, &out, &out)
-		return out.String(), code
-	}
+	// A serve that wrongly accepted the flag would serve until sluice's
+	// timeout, then exit 0.
+	serve := append([]string{"serve"}, local...)
 	for _, o := range overLimit {
 		for _, v := range []string{"0", "-1"} {
-			if out, code := refused(o.flag, v); code != 2 || !strings.Contains(out, o.flag+" "+v) {
+			if out, code := sluice(t, append(slices.Clone(serve), o.flag, v)...); code != 2 || !strings.Contains(out, o.flag+" "+v) {
 				t.Errorf("serve %s %s: exit %d, want 2 naming the flag:\n%s", o.flag, v, code, out)
 			}
 		}
 	}
 	t.Setenv("SLUICE_MAX_ENTRIES", "0")
-	if out, code := refused(); code != 2 || !strings.Contains(out, "--max-entries 0") {
+	if out, code := sluice(t, serve...); code != 2 || !strings.Contains(out, "--max-entries 0") {
 		t.Errorf("SLUICE_MAX_ENTRIES=0: exit %d, want 2 naming --max-entries:\n%s", code, out)
 	}
 }

@@ -61,10 +61,11 @@ func unsetEnv(t *testing.T, keys ...string) {
 	}
 }
 
-// serveCommandLine runs `sluice serve args...` through the command line,
-// in this process, until the test ends, and returns its listeners'
-// addresses as it logged them. Unlike startTestServer it takes every flag
-// not given from its default.
+// serveCommandLine runs `sluice serve args...` through the command line
+// (flags, environment, validation), in this process, until the test ends,
+// and returns its listeners' addresses as it logged them, in text or JSON.
+// Unlike startTestServer it takes every flag not given from its default.
+// At the test's end the server must stop within 30 s, exiting 0.
 func serveCommandLine(t *testing.T, args ...string) map[string]string {
 	t.Helper()
 	unsetEnv(t, "SLUICE_GRPC_ADDR", "SLUICE_HTTP_ADDR", "SLUICE_DEBUG_ADDR", "SLUICE_PPROF")
@@ -74,12 +75,17 @@ func serveCommandLine(t *testing.T, args ...string) map[string]string {
 	go func() { exit <- run(ctx, append([]string{"serve"}, args...), &out, &out) }()
 	t.Cleanup(func() {
 		cancel()
-		if code := <-exit; code != 0 {
-			t.Errorf("sluice serve exited %d:\n%s", code, out.String())
+		select {
+		case code := <-exit:
+			if code != 0 {
+				t.Errorf("sluice serve exited %d:\n%s", code, out.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("sluice serve still running 30 s after the test ended:\n%s", out.String())
 		}
 	})
 	var addrs map[string]string
-	waitUntil(t, 10*time.Second, "sluice serve starting", func() bool {
+	waitUntil(t, 30*time.Second, "sluice serve starting", func() bool {
 		select {
 		case code := <-exit:
 			exit <- code

@@ -100,10 +100,16 @@ func dial(t *testing.T, addr string) rlsv3.RateLimitServiceClient {
 	return rlsv3.NewRateLimitServiceClient(dialConn(t, addr))
 }
 
+// sluice runs `sluice args...` in this process and returns what it wrote,
+// stdout then stderr, and its exit code. The command gets 30 s, as
+// sluiceProcess does: a serve that wrongly accepted a bad flag is stopped
+// then, exiting 0, instead of hanging the test.
 func sluice(t *testing.T, args ...string) (string, int) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	var out, errOut bytes.Buffer
-	code := run(context.Background(), args, &out, &errOut)
+	code := run(ctx, args, &out, &errOut)
 	return out.String() + errOut.String(), code
 }
 
