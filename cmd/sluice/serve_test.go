@@ -185,26 +185,15 @@ func TestServeEndToEnd(t *testing.T) {
 	if err := os.WriteFile(rules, []byte(rulesV2), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitUntil(t, 10*time.Second, "the new rules (50/minute) served after the edit", func() bool {
 		out, _ = sluice(t, "check", "--grpc-addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.9.9.9", "--hits", "0")
-		if strings.Contains(out, "50/minute") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("new rules not served 10 s after the edit:\n%s", out)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return strings.Contains(out, "50/minute")
+	})
 	// A broken edit keeps the last good rules in force.
 	if err := os.WriteFile(rules, []byte("domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: fortnight}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for deadline = time.Now().Add(10 * time.Second); s.rules.Stats().Failed == 0; time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("broken edit never noticed")
-		}
-	}
+	waitUntil(t, 10*time.Second, "the broken edit noticed", func() bool { return s.rules.Stats().Failed > 0 })
 	if out, _ = sluice(t, "check", "--grpc-addr", grpcAddr, "--domain", "edge", "--descriptor", "remote_address=10.9.9.9", "--hits", "0"); !strings.Contains(out, "50/minute") {
 		t.Fatalf("after a broken edit the last good rules are gone:\n%s", out)
 	}

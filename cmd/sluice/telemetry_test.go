@@ -237,9 +237,10 @@ func TestTraces(t *testing.T) {
 		// The server's span ends as gRPC finishes the call, which may be
 		// a moment after the client has its answer.
 		var got tracetest.SpanStubs
-		for deadline := time.Now().Add(2 * time.Second); len(got) < 2 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		waitUntil(t, 2*time.Second, tc.name+": the call's and the backend's spans", func() bool {
 			got = spans.GetSpans()
-		}
+			return len(got) >= 2
+		})
 		if len(got) != 2 {
 			t.Fatalf("%s: %d spans, want the call's and the backend's: %v", tc.name, len(got), got)
 		}
@@ -392,18 +393,11 @@ func TestOTLPExport(t *testing.T) {
 		t.Fatalf("check: exit %d\n%s", code, out)
 	}
 	stop() // shutdown flushes the exporters
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitUntil(t, 10*time.Second, "the collector to get spans memory.decide and ShouldRateLimit, metrics sluice.decisions and sluice.request.duration", func() bool {
 		col.mu.Lock()
 		spans, metrics := strings.Join(col.spans, " "), strings.Join(col.metrics, " ")
 		col.mu.Unlock()
-		if strings.Contains(spans, "memory.decide") && strings.Contains(spans, "ShouldRateLimit") &&
-			strings.Contains(metrics, "sluice.decisions") && strings.Contains(metrics, "sluice.request.duration") {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("collector got spans %q and metrics %q", spans, metrics)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return strings.Contains(spans, "memory.decide") && strings.Contains(spans, "ShouldRateLimit") &&
+			strings.Contains(metrics, "sluice.decisions") && strings.Contains(metrics, "sluice.request.duration")
+	})
 }
