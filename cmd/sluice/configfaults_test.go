@@ -353,10 +353,14 @@ func TestConfigFaultsDirectoryRemoved(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	// Seen through the parent directory's events, not the 5 s poll; the
-	// margin is for a loaded CI machine.
+	// This bounds how long the reload takes; it does not show that the
+	// parent directory's events, rather than the 5 s poll, found it: a
+	// poll tick lands anywhere from 0 to 5 s after the restore, so a
+	// watcher without events would usually pass too (serve's poll
+	// interval cannot be changed from here). The margin over the events'
+	// fraction of a second is for a loaded CI machine.
 	if took > 4*time.Second {
-		t.Errorf("a restored directory took %v to be picked up, want it well under the 5 s poll", took)
+		t.Errorf("a restored directory took %v to be picked up, want at most 4 s", took)
 	}
 
 	// rm -rf, and it comes back empty, then with a bad file, then fixed.
