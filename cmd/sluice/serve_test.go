@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -386,16 +387,18 @@ func TestServeOnDynamoDB(t *testing.T) {
 	}
 }
 
-// slowBackend holds every decision for delay, then asks the real one.
-type slowBackend struct {
+// heldBackend holds every decision, once it has said so on started,
+// until the test closes release; then it asks the real one. The test
+// decides when the calls end, not a timer.
+type heldBackend struct {
 	backend.Backend
-	delay   time.Duration
-	started chan struct{}
+	started chan<- struct{}
+	release <-chan struct{}
 }
 
-func (b slowBackend) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
+func (b heldBackend) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
 	b.started <- struct{}{}
-	time.Sleep(b.delay)
+	<-b.release
 	return b.Backend.Decide(ctx, req)
 }
 
@@ -407,12 +410,16 @@ func TestShutdownDrainsInFlightCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	const inFlight = 20
-	started := make(chan struct{}, inFlight)
+	started, release := make(chan struct{}, inFlight), make(chan struct{})
 	o := testOptions(dir)
 	o.decorate = func(be backend.Backend) backend.Backend {
-		return slowBackend{Backend: be, delay: 500 * time.Millisecond, started: started}
+		return heldBackend{Backend: be, started: started, release: release}
 	}
 	s, stop, _ := startTestServer(t, o)
+	// Released at the latest when the test ends, so that a failure above
+	// does not leave the drain waiting.
+	releaseAll := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseAll)
 	c := dial(t, s.grpcLn.Addr().String())
 	req := func(i int) *rlsv3.RateLimitRequest {
 		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{
@@ -443,6 +450,7 @@ func TestShutdownDrainsInFlightCalls(t *testing.T) {
 	if _, err := c.ShouldRateLimit(context.Background(), req(99)); status.Code(err) != codes.Unavailable {
 		t.Errorf("a new call during the drain: %v, want UNAVAILABLE", err)
 	}
+	releaseAll()
 	for range inFlight {
 		if err := <-results; err != nil {
 			t.Errorf("an in-flight call was dropped: %v", err)
