@@ -262,14 +262,39 @@ func TestTraces(t *testing.T) {
 		}
 	}
 
-	// No trace from Envoy, sampling 0: nothing recorded. A trace Envoy
-	// chose not to sample is not sampled either.
+	// No trace from Envoy, sampling 0: nothing recorded. A sampled call
+	// after it shows its spans would have had time to end.
 	spans.Reset()
-	c.ShouldRateLimit(context.Background(), req)
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")
-	c.ShouldRateLimit(ctx, req)
-	if n := len(spans.GetSpans()); n != 0 {
-		t.Errorf("%d spans for unsampled calls", n)
+	if _, err := c.ShouldRateLimit(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	sampled := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	if _, err := c.ShouldRateLimit(sampled, req); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 2*time.Second, "the sampled call's spans", func() bool { return len(spans.GetSpans()) >= 2 })
+	if got := spans.GetSpans(); len(got) != 2 || got[0].SpanContext.TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
+		t.Errorf("at sampling 0, a call without a trace was recorded: %v", got)
+	}
+
+	// A trace Envoy chose not to sample is not sampled, even where
+	// Sluice's own sampling would take every call.
+	unsampledSpans := tracetest.NewInMemoryExporter()
+	o.spanExporter, o.traceSampling = unsampledSpans, 1
+	s1, _, _ := startTestServer(t, o)
+	c1 := dial(t, s1.grpcLn.Addr().String())
+	unsampled := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00")
+	if _, err := c1.ShouldRateLimit(unsampled, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c1.ShouldRateLimit(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 2*time.Second, "the spans of the call without a trace", func() bool { return len(unsampledSpans.GetSpans()) >= 2 })
+	for _, sp := range unsampledSpans.GetSpans() {
+		if sp.SpanContext.TraceID().String() == "4bf92f3577b34da6a3ce929d0e0e4736" {
+			t.Errorf("span %s recorded for a trace Envoy did not sample", sp.Name)
+		}
 	}
 }
 
