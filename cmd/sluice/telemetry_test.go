@@ -332,7 +332,7 @@ func TestServeMutualTLS(t *testing.T) {
 		}
 	}
 	if out, code := sluice(t, append(check, "--tls-client-cert", clientCert)...); code != 2 {
-		t.Errorf("--tls-cert without --tls-ca: exit %d\n%s", code, out)
+		t.Errorf("--tls-client-cert without --tls-ca: exit %d\n%s", code, out)
 	}
 
 	got, _ := scrape(t, s)
