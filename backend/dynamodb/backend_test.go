@@ -253,7 +253,7 @@ func TestChangedLimitsReachExistingBucket(t *testing.T) {
 		t.Fatalf("after a refill with two limits: %+v", d)
 	}
 	// An operator record raises the resource default (pitfall 4).
-	if err := b.WriteResourceConfig(context.Background(), "r", backend.Record{Limits: []bucket.Limit{lim(t, "big", "1000/min", 0)}}); err != nil {
+	if _, err := e.admin(t, "").PutConfig(context.Background(), backend.RecordKey{Resource: "r"}, []bucket.Limit{lim(t, "big", "1000/min", 0)}, 0); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Millisecond) // past the cache TTL
@@ -339,7 +339,7 @@ func TestTTLBySource(t *testing.T) {
 		t.Fatalf("ttl did not move with the write: %d", ttl)
 	}
 	// Upgrade: an operator-written entity config removes the ttl.
-	if err := b.WriteEntityConfig(context.Background(), "vip", "r", backend.Record{Limits: limits}, 0); err != nil {
+	if _, err := e.admin(t, "").PutConfig(context.Background(), backend.RecordKey{Entity: "vip", Resource: "r"}, limits, 0); err != nil {
 		t.Fatal(err)
 	}
 	pause()
@@ -348,7 +348,7 @@ func TestTTLBySource(t *testing.T) {
 		t.Fatalf("operator entity config: ttl %d still set", ttl)
 	}
 	// A sync-written entity config: ttl again.
-	if err := b.WriteEntityConfig(context.Background(), "vip", "r", backend.Record{Limits: limits}, time.Hour); err != nil {
+	if _, err := e.admin(t, "").PutConfig(context.Background(), backend.RecordKey{Entity: "vip", Resource: "r"}, limits, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	pause()
@@ -418,7 +418,7 @@ func TestUnprocessedKeysAreRetried(t *testing.T) {
 	e := newEnv(t)
 	f := &faulty{API: e.client}
 	b := e.replica(t, Options{}, f)
-	if err := b.WriteEntityConfig(context.Background(), "e", "r", backend.Record{Limits: []bucket.Limit{lim(t, "ent", "1/min", 0)}}, 0); err != nil {
+	if _, err := e.admin(t, "").PutConfig(context.Background(), backend.RecordKey{Entity: "e", Resource: "r"}, []bucket.Limit{lim(t, "ent", "1/min", 0)}, 0); err != nil {
 		t.Fatal(err)
 	}
 	f.unprocessedOnce.Store(true)
@@ -451,7 +451,7 @@ func TestWriteErrorsReachTheCaller(t *testing.T) {
 func TestCascade(t *testing.T) {
 	e := newEnv(t)
 	b := e.replica(t, Options{})
-	if err := b.WriteEntityConfig(context.Background(), "org", backend.DefaultResource, backend.Record{Limits: []bucket.Limit{lim(t, "org", "5/hour", 0)}}, 0); err != nil {
+	if _, err := e.admin(t, "").PutConfig(context.Background(), backend.RecordKey{Entity: "org", Resource: backend.DefaultResource}, []bucket.Limit{lim(t, "org", "5/hour", 0)}, 0); err != nil {
 		t.Fatal(err)
 	}
 	defaults := []bucket.Limit{lim(t, "key", "4/hour", 0)}
@@ -602,13 +602,14 @@ func TestCascadeFromMeta(t *testing.T) {
 	e := newEnv(t)
 	b := e.replica(t, Options{})
 	ctx := context.Background()
-	if err := b.WriteEntityConfig(ctx, "org", backend.DefaultResource, backend.Record{Limits: []bucket.Limit{lim(t, "org", "2/hour", 0)}}, 0); err != nil {
+	a := e.admin(t, "")
+	if _, err := a.PutConfig(ctx, backend.RecordKey{Entity: "org", Resource: backend.DefaultResource}, []bucket.Limit{lim(t, "org", "2/hour", 0)}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.WriteEntityMeta(ctx, "k1", "org", true); err != nil {
+	if err := a.PutEntity(ctx, Entity{Name: "k1", Parent: "org", Cascade: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.WriteEntityMeta(ctx, "k2", "org", false); err != nil {
+	if err := a.PutEntity(ctx, Entity{Name: "k2", Parent: "org"}); err != nil {
 		t.Fatal(err)
 	}
 	defaults := []bucket.Limit{lim(t, "key", "10/hour", 0)}

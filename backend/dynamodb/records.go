@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/hashicorp/golang-lru/v2/expirable"
@@ -204,51 +203,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
-}
-
-// WriteEntityConfig stores an entity's limits for resource (or for
-// backend.DefaultResource). A syncWindow > 0 marks the config as written by
-// an automated sync (ADR-128): it carries ttl = now + 3 x syncWindow and
-// its buckets expire like default-sourced ones; 0 writes an operator
-// config without ttl, whose buckets never expire.
-func (b *Backend) WriteEntityConfig(ctx context.Context, entity, resource string, rec backend.Record, syncWindow time.Duration) error {
-	return b.putConfig(ctx, backend.EntityKey(entity, resource), rec, syncWindow)
-}
-
-// WriteResourceConfig stores the resource default of resource (level 3).
-func (b *Backend) WriteResourceConfig(ctx context.Context, resource string, rec backend.Record) error {
-	return b.putConfig(ctx, backend.ResourceKey(resource), rec, 0)
-}
-
-// WriteSystemConfig stores the system default (level 4).
-func (b *Backend) WriteSystemConfig(ctx context.Context, rec backend.Record) error {
-	return b.putConfig(ctx, backend.SystemKey(), rec, 0)
-}
-
-func (b *Backend) putConfig(ctx context.Context, k backend.RecordKey, rec backend.Record, syncWindow time.Duration) error {
-	av, _, err := configItem(b.keys, k, rec.Limits, syncWindow, b.now())
-	if err != nil {
-		return err
-	}
-	return b.put(ctx, k.String(), av)
-}
-
-func (b *Backend) put(ctx context.Context, what string, av map[string]types.AttributeValue) error {
-	out, err := b.api.PutItem(ctx, &dynamodb.PutItemInput{
-		TableName: aws.String(b.table), Item: av, ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
-	})
-	b.stats.call("PutItem", err)
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", what, err)
-	}
-	b.stats.consumedWrite(out.ConsumedCapacity)
-	return nil
-}
-
-// WriteEntityMeta stores an entity's META item: its parent (found through
-// GSI1) and whether its requests are charged to the parent too.
-func (b *Backend) WriteEntityMeta(ctx context.Context, entity, parent string, cascade bool) error {
-	return b.put(ctx, fmt.Sprintf("META of %q", entity), metaItem(b.keys, Entity{Name: entity, Parent: parent, Cascade: cascade}))
 }
 
 // decodeMeta returns the parent a META item charges too, or "".

@@ -38,7 +38,8 @@ func TestConfigReadsStayOffTheDecisionPath(t *testing.T) {
 	b := e.replica(t, Options{ConfigCacheTTL: ttl, Now: func() int64 { return time.Now().UnixMilli() }}, api)
 	defer b.Close()
 	ctx := context.Background()
-	if err := b.WriteEntityConfig(ctx, "e", "r", backend.Record{Limits: []bucket.Limit{lim(t, "old", "1000/s", 0)}}, 0); err != nil {
+	a := e.admin(t, "")
+	if _, err := a.PutConfig(ctx, backend.RecordKey{Entity: "e", Resource: "r"}, []bucket.Limit{lim(t, "old", "1000/s", 0)}, 0); err != nil {
 		t.Fatal(err)
 	}
 	req := backend.Request{Entity: "e", Resource: "r", Hits: 1}
@@ -51,7 +52,7 @@ func TestConfigReadsStayOffTheDecisionPath(t *testing.T) {
 		d := mustDecide(t, b, req)
 		slowest = max(slowest, time.Since(t0))
 		if changed.IsZero() && time.Since(start) > ttl {
-			if err := b.WriteEntityConfig(ctx, "e", "r", backend.Record{Limits: []bucket.Limit{lim(t, "new", "1000/s", 0)}}, 0); err != nil {
+			if _, err := a.PutConfig(ctx, backend.RecordKey{Entity: "e", Resource: "r"}, []bucket.Limit{lim(t, "new", "1000/s", 0)}, 0); err != nil {
 				t.Fatal(err)
 			}
 			changed = time.Now()
