@@ -176,7 +176,9 @@ func (r *records) fetch(ctx context.Context, entity, resource string) (*recordSe
 		}
 		pending = out.UnprocessedKeys
 	}
-	rs.parent = decodeMeta(found[metaKey])
+	if meta := decodeEntity(found[metaKey]); meta.Cascade {
+		rs.parent = meta.Parent
+	}
 	now := r.now()
 	for _, s := range slots {
 		rec, ok, err := decodeRecord(found[[2]string{s.pk, s.sk}], now)
@@ -203,16 +205,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
-}
-
-// decodeMeta returns the parent a META item charges too, or "".
-func decodeMeta(av map[string]types.AttributeValue) string {
-	p, _ := av[attrParent].(*types.AttributeValueMemberS)
-	c, _ := av[attrCascade].(*types.AttributeValueMemberBOOL)
-	if p == nil || c == nil || !c.Value {
-		return ""
-	}
-	return p.Value
 }
 
 func ceilSeconds(ms int64) int64 { return (ms + 999) / 1000 }
