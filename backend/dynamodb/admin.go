@@ -178,33 +178,21 @@ func (a *Admin) GetConfigs(ctx context.Context, keys []backend.RecordKey) (map[b
 	}
 	for len(pending) > 0 {
 		n := min(len(pending), 100)
-		req := map[string]types.KeysAndAttributes{a.table: {Keys: pending[:n], ConsistentRead: aws.Bool(true)}}
+		found, err := batchGet(ctx, a.api, a.table, pending[:n], true, maxBatchAttempts, nil)
+		if err != nil {
+			return nil, fmt.Errorf("reading configs: %w", err)
+		}
 		pending = pending[n:]
-		for attempt := 0; len(req) > 0; attempt++ {
-			if attempt == maxBatchAttempts {
-				return nil, fmt.Errorf("reading configs: %d keys still unprocessed after %d attempts", len(req[a.table].Keys), attempt)
-			}
-			if attempt > 0 {
-				if err := sleep(ctx, backoff(attempt)); err != nil {
-					return nil, fmt.Errorf("reading configs: %w", err)
-				}
-			}
-			res, err := a.api.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{RequestItems: req})
+		for id, av := range found {
+			k := byItem[id]
+			c, ok, err := a.decodeConfig(av)
 			if err != nil {
-				return nil, fmt.Errorf("reading configs: %w", err)
+				return nil, fmt.Errorf("%s: %w", k, err)
 			}
-			for _, av := range res.Responses[a.table] {
-				k := byItem[[2]string{attrS(av, attrPK), attrS(av, attrSK)}]
-				c, ok, err := a.decodeConfig(av)
-				if err != nil {
-					return nil, fmt.Errorf("%s: %w", k, err)
-				}
-				if ok {
-					c.Key = k
-					out[k] = c
-				}
+			if ok {
+				c.Key = k
+				out[k] = c
 			}
-			req = res.UnprocessedKeys
 		}
 	}
 	return out, nil

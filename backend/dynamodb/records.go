@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/hashicorp/golang-lru/v2/expirable"
@@ -124,9 +125,10 @@ func (r *records) load(key, entity, resource string) (*recordSet, error) {
 	return rs, nil
 }
 
-// fetch reads the four records with one BatchGetItem. Keys DynamoDB
-// leaves unprocessed are asked again (with backoff, within ctx), never
-// taken as absent (pitfall 6): an absent answer is cached for the cache TTL.
+// fetch reads the records of the four levels and the entity's META item
+// with one BatchGetItem (batchGet): keys left unprocessed are asked again
+// within ctx, never taken as absent, since an absent answer is cached for
+// the cache TTL.
 func (r *records) fetch(ctx context.Context, entity, resource string) (*recordSet, error) {
 	type slot struct {
 		pk, sk string
@@ -150,31 +152,9 @@ func (r *records) fetch(ctx context.Context, entity, resource string) (*recordSe
 		keys = append(keys, map[string]types.AttributeValue{attrPK: str(s.pk), attrSK: str(s.sk)})
 	}
 	keys = append(keys, map[string]types.AttributeValue{attrPK: str(metaKey[0]), attrSK: str(metaKey[1])})
-	found := map[[2]string]map[string]types.AttributeValue{}
-	pending := map[string]types.KeysAndAttributes{r.table: {Keys: keys}}
-	for attempt := 0; len(pending) > 0; attempt++ {
-		if attempt > 0 {
-			if err := sleep(ctx, backoff(attempt)); err != nil {
-				return nil, fmt.Errorf("config records of %q/%q: unprocessed keys left: %w", entity, resource, err)
-			}
-		}
-		out, err := r.api.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{
-			RequestItems:           pending,
-			ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
-		})
-		r.stats.call("BatchGetItem", err)
-		if err != nil {
-			return nil, fmt.Errorf("reading config records of %q/%q: %w", entity, resource, err)
-		}
-		r.stats.consumedRead(each(out.ConsumedCapacity)...)
-		for _, av := range out.Responses[r.table] {
-			pk, _ := av[attrPK].(*types.AttributeValueMemberS)
-			sk, _ := av[attrSK].(*types.AttributeValueMemberS)
-			if pk != nil && sk != nil {
-				found[[2]string{pk.Value, sk.Value}] = av
-			}
-		}
-		pending = out.UnprocessedKeys
+	found, err := batchGet(ctx, r.api, r.table, keys, false, 0, r.stats)
+	if err != nil {
+		return nil, fmt.Errorf("reading config records of %q/%q: %w", entity, resource, err)
 	}
 	if meta := decodeEntity(found[metaKey]); meta.Cascade {
 		rs.parent = meta.Parent
@@ -188,6 +168,56 @@ func (r *records) fetch(ctx context.Context, entity, resource string) (*recordSe
 		*s.rec, *s.has = rec, ok
 	}
 	return rs, nil
+}
+
+// batchGetter is the BatchGetItem of API and AdminAPI.
+type batchGetter interface {
+	BatchGetItem(context.Context, *dynamodb.BatchGetItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
+}
+
+// batchGet reads the items of keys (at most 100, BatchGetItem's limit)
+// from table, with strong consistency if consistent, and returns those
+// that exist by [PK, SK]. Keys DynamoDB leaves unprocessed are asked again
+// with backoff, within ctx and, when maxAttempts > 0, in at most
+// maxAttempts calls in all; they are never taken as absent (pitfall 6).
+// With stats, every call and the read capacity it consumed are counted.
+func batchGet(ctx context.Context, api batchGetter, table string, keys []map[string]types.AttributeValue, consistent bool, maxAttempts int, stats *Stats) (map[[2]string]map[string]types.AttributeValue, error) {
+	found := make(map[[2]string]map[string]types.AttributeValue, len(keys))
+	ka := types.KeysAndAttributes{Keys: keys}
+	if consistent {
+		ka.ConsistentRead = aws.Bool(true)
+	}
+	pending := map[string]types.KeysAndAttributes{table: ka}
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt > 0 {
+			left := len(pending[table].Keys)
+			if attempt == maxAttempts {
+				return nil, fmt.Errorf("%d keys still unprocessed after %d attempts", left, attempt)
+			}
+			if err := sleep(ctx, backoff(attempt)); err != nil {
+				return nil, fmt.Errorf("%d keys still unprocessed: %w", left, err)
+			}
+		}
+		in := &dynamodb.BatchGetItemInput{RequestItems: pending}
+		if stats != nil {
+			in.ReturnConsumedCapacity = types.ReturnConsumedCapacityTotal
+		}
+		out, err := api.BatchGetItem(ctx, in)
+		if stats != nil {
+			stats.call("BatchGetItem", err)
+			if err == nil {
+				stats.consumedRead(each(out.ConsumedCapacity)...)
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, av := range out.Responses[table] {
+			found[[2]string{attrS(av, attrPK), attrS(av, attrSK)}] = av
+		}
+		pending = out.UnprocessedKeys
+	}
+	return found, nil
 }
 
 // backoff is a jittered exponential delay for retry attempt n (n >= 1).
