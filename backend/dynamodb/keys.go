@@ -48,9 +48,6 @@ const (
 	// hashMarker starts a hashed segment. An escaped segment never contains
 	// a raw '#', so no escaped form can equal a hashed one.
 	hashMarker = "#H"
-	// hashedLen is the length of a hashed segment: the marker followed by
-	// the lowercase hex of a SHA-256 digest.
-	hashedLen = len(hashMarker) + 2*sha256.Size
 
 	upperHex = "0123456789ABCDEF"
 )
@@ -92,9 +89,6 @@ func validPrefix(p string) error {
 	}
 	return nil
 }
-
-// Prefix returns the deployment prefix, "" when keys are unprefixed.
-func (k Keys) Prefix() string { return k.prefix }
 
 // pk puts the deployment prefix in front of a partition key.
 func (k Keys) pk(marker, seg string) string {
@@ -224,73 +218,4 @@ func escapeByte(b *strings.Builder, c byte) {
 	b.WriteByte('%')
 	b.WriteByte(upperHex[c>>4])
 	b.WriteByte(upperHex[c&0x0f])
-}
-
-// Decode inverts Encode for a segment that is not hashed. It reports false
-// for a hashed segment (the original is not recoverable from the key and
-// must be read from the item's attribute) and for anything Encode could not
-// have produced (a raw '#', a malformed or needless escape, invalid UTF-8,
-// an over-long segment), so a key read back from the table is either
-// decoded exactly or rejected.
-func Decode(seg string) (string, bool) {
-	if Hashed(seg) || strings.IndexByte(seg, '#') >= 0 {
-		return "", false
-	}
-	if strings.IndexByte(seg, '%') < 0 {
-		if !utf8.ValidString(seg) || len(seg) > maxSegmentLen {
-			return "", false
-		}
-		return seg, true
-	}
-	b := make([]byte, 0, len(seg))
-	for i := 0; i < len(seg); i++ {
-		c := seg[i]
-		if c != '%' {
-			b = append(b, c)
-			continue
-		}
-		if i+2 >= len(seg) {
-			return "", false
-		}
-		hi, ok1 := unhex(seg[i+1])
-		lo, ok2 := unhex(seg[i+2])
-		if !ok1 || !ok2 {
-			return "", false
-		}
-		b = append(b, hi<<4|lo)
-		i += 2
-	}
-	s := string(b)
-	// Accept only the canonical form, so Decode is a true inverse: "%41"
-	// or a lowercase "%2f" would decode but is never produced by Encode.
-	if Encode(s) != seg {
-		return "", false
-	}
-	return s, true
-}
-
-// unhex reads one uppercase hex digit, the only case Encode writes.
-func unhex(c byte) (byte, bool) {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0', true
-	case 'A' <= c && c <= 'F':
-		return c - 'A' + 10, true
-	}
-	return 0, false
-}
-
-// Hashed reports whether seg is a hashed segment ("#H" and 64 lowercase hex
-// digits), whose original must be read from the item rather than the key.
-func Hashed(seg string) bool {
-	if len(seg) != hashedLen || !strings.HasPrefix(seg, hashMarker) {
-		return false
-	}
-	for i := len(hashMarker); i < len(seg); i++ {
-		c := seg[i]
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }
