@@ -159,8 +159,9 @@ func (a *Admin) GetConfig(ctx context.Context, k backend.RecordKey) (Config, boo
 }
 
 // GetConfigs reads the records keys name, 100 to a BatchGetItem (its
-// limit), asking again for what DynamoDB leaves unprocessed. The answer
-// holds the records that exist; a sync-written one past its ttl does not.
+// limit), asking again for what DynamoDB leaves unprocessed, within ctx
+// and maxBatchAttempts calls a batch. The answer holds the records that
+// exist; a sync-written one past its ttl does not.
 func (a *Admin) GetConfigs(ctx context.Context, keys []backend.RecordKey) (map[backend.RecordKey]Config, error) {
 	out := make(map[backend.RecordKey]Config, len(keys))
 	byItem := map[[2]string]backend.RecordKey{}

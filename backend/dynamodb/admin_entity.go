@@ -92,7 +92,7 @@ func (a *Admin) Children(ctx context.Context, parent string, fn func(Entity) err
 // DeleteEntity deletes every item of entity (its META, configs and
 // buckets) and returns how many it deleted. It reads the keys page by page
 // and deletes them 25 at a time, asking again for what DynamoDB leaves
-// unprocessed, within ctx.
+// unprocessed, within ctx and maxBatchAttempts calls a batch.
 func (a *Admin) DeleteEntity(ctx context.Context, entity string) (int, error) {
 	var keys []map[string]types.AttributeValue
 	err := a.query(ctx, &dynamodb.QueryInput{
@@ -120,8 +120,8 @@ func (a *Admin) DeleteEntity(ctx context.Context, entity string) (int, error) {
 	return deleted, nil
 }
 
-// maxBatchAttempts bounds how often one batch is sent again for its
-// unprocessed items before giving up.
+// maxBatchAttempts bounds the calls one batch of the Admin takes, the
+// first included, before it gives up on items left unprocessed.
 const maxBatchAttempts = 10
 
 func (a *Admin) deleteBatch(ctx context.Context, keys []map[string]types.AttributeValue) error {

@@ -15,7 +15,7 @@ import (
 // while a batch is in flight wait; when it is done, the waiting decisions
 // that can share a write are handed over together to the first of them,
 // which decides them in arrival order against the state the last write
-// returned and writes them as one conditional UpdateItem. Every call,
+// returned and writes them as one conditional write. Every call,
 // leader or follower, is answered by its own deadline at the latest: the
 // batch's write goes on while any of its calls still waits (see
 // Backend.lead).
