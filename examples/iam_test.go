@@ -26,8 +26,10 @@ func iamActions(op string) []string {
 }
 
 // calledOps returns the DynamoDB operations called in the non-test Go
-// files of dir that keep accepts: any call
-// x.Op(...) whose Op is a method of *dynamodb.Client.
+// files of dir that keep accepts: any call x.Op(...) whose Op is a method
+// of *dynamodb.Client, and the operations of any function of the package
+// such a file calls that makes them itself (batchGet, shared by the
+// backend and the operator's commands).
 func calledOps(t *testing.T, dir string, keep func(file string) bool) []string {
 	t.Helper()
 	api := map[string]bool{}
@@ -39,19 +41,50 @@ func calledOps(t *testing.T, dir string, keep func(file string) bool) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seen := map[string]bool{}
+	// opsIn lists the operations called directly under n.
+	opsIn := func(n ast.Node) []string {
+		var ops []string
+		ast.Inspect(n, func(n ast.Node) bool {
+			if call, ok := n.(*ast.CallExpr); ok {
+				if sel, ok := call.Fun.(*ast.SelectorExpr); ok && api[sel.Sel.Name] && sel.Sel.Name != "Options" {
+					ops = append(ops, sel.Sel.Name)
+				}
+			}
+			return true
+		})
+		return ops
+	}
+	parsed := map[string]*ast.File{}
+	helpers := map[string][]string{} // package-level function -> the operations it calls
 	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") || !keep(filepath.Base(f)) {
+		if strings.HasSuffix(f, "_test.go") {
 			continue
 		}
 		file, err := parser.ParseFile(token.NewFileSet(), f, nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
+		parsed[f] = file
+		for _, d := range file.Decls {
+			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil {
+				helpers[fn.Name.Name] = opsIn(fn)
+			}
+		}
+	}
+	seen := map[string]bool{}
+	for f, file := range parsed {
+		if !keep(filepath.Base(f)) {
+			continue
+		}
+		for _, op := range opsIn(file) {
+			seen[op] = true
+		}
 		ast.Inspect(file, func(n ast.Node) bool {
 			if call, ok := n.(*ast.CallExpr); ok {
-				if sel, ok := call.Fun.(*ast.SelectorExpr); ok && api[sel.Sel.Name] && sel.Sel.Name != "Options" {
-					seen[sel.Sel.Name] = true
+				if id, ok := call.Fun.(*ast.Ident); ok {
+					for _, op := range helpers[id.Name] {
+						seen[op] = true
+					}
 				}
 			}
 			return true
