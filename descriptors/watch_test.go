@@ -187,9 +187,11 @@ func TestWatchDirectoryRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeFile(t, dir, "x.yaml", domainFile("x", 1))
-	// Watch's own 5 s poll: the removal and the return are seen through
-	// the parent directory's events, well within the 2 s waits below.
-	w, _ := startWatch(t, dir, defaultOpts)
+	// No poll within the test: the removal and the return can only be
+	// seen through the parent directory's events.
+	opts := defaultOpts
+	opts.poll = time.Hour
+	w, _ := startWatch(t, dir, opts)
 	cfg := w.Current()
 
 	if err := os.RemoveAll(dir); err != nil {
