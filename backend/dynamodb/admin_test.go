@@ -261,7 +261,7 @@ func TestAdminBuckets(t *testing.T) {
 	e := newEnv(t)
 	a := e.admin(t, "")
 	a.pageSize = 3
-	b := e.replica(t, Options{})
+	b := e.replica(t, Options{LeaseHorizon: -1}) // exact token counts
 	ctx := t.Context()
 	rpm := lim(t, "rpm", "60/min", -1)
 	for i := range 7 {

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/lease"
 )
 
 // API is the part of *dynamodb.Client the backend calls.
@@ -59,6 +63,13 @@ type Options struct {
 	// tokens, so such a denial is right unless tokens were given back or a
 	// limit raised elsewhere within that time.
 	MaxDenyStaleness time.Duration
+	// LeaseHorizon is how long a lease of tokens this replica takes from
+	// a bucket should last at its own recent demand (DefaultLeaseHorizon;
+	// negative: no leases, every allowed decision writes). See leases.
+	LeaseHorizon time.Duration
+	// LeaseShare is the part of a limit's burst the fleet's leases may
+	// hold together (lease.DefaultShare).
+	LeaseShare float64
 	// Now returns the time in epoch milliseconds; nil is the wall clock.
 	Now func() int64
 	// OnBucketWrite, when set, hears every bucket written with the TTL it
@@ -81,7 +92,23 @@ type Backend struct {
 	seen    *lru.Cache[bucketKey, seenItem]
 	lanes   *lanes
 	stats   *Stats
+	// leases is nil when leases are off.
+	leases *leases
+	// bg is the context of the background work (renewals, returns, the
+	// sweep), cancelled by Close; bgMu guards closed and bgWG's Add.
+	bg       context.Context
+	stopBG   context.CancelFunc
+	bgMu     sync.Mutex
+	closed   bool
+	bgWG     sync.WaitGroup
+	closeErr error
 }
+
+// DefaultLeaseHorizon is how long a lease lasts at steady demand unless
+// Options say otherwise: long enough that a key asked a few times a
+// second is written a few times a minute, and still bounded by
+// lease.DefaultShare of the burst near the limit.
+const DefaultLeaseHorizon = 10 * time.Second
 
 type bucketKey struct{ entity, resource string }
 
@@ -125,21 +152,68 @@ func New(api API, opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dynamodb backend: %w", err)
 	}
+	if opts.LeaseHorizon == 0 {
+		opts.LeaseHorizon = DefaultLeaseHorizon
+	}
 	stats := newStats()
-	return &Backend{
+	b := &Backend{
 		api: api, table: opts.Table, keys: keys, opts: opts, now: opts.Now, seen: seen, stats: stats, lanes: newLanes(opts.MaxBatch),
 		records: newRecords(api, opts.Table, keys, opts.ConfigCacheSize, opts.ConfigCacheTTL, opts.Now, stats),
-	}, nil
+	}
+	b.bg, b.stopBG = context.WithCancel(context.Background())
+	if opts.LeaseHorizon > 0 {
+		b.leases = newLeases(lease.Policy{Horizon: opts.LeaseHorizon.Milliseconds(), Share: opts.LeaseShare}, stats)
+		b.goBackground(func() { b.sweep(b.bg) })
+	}
+	return b, nil
 }
+
+// goBackground runs fn on a goroutine Close waits for, unless Close has
+// begun.
+func (b *Backend) goBackground(fn func()) {
+	b.bgMu.Lock()
+	defer b.bgMu.Unlock()
+	if b.closed {
+		return
+	}
+	b.bgWG.Add(1)
+	go func() {
+		defer b.bgWG.Done()
+		fn()
+	}()
+}
+
+// closeTimeout bounds how long Close spends returning leases.
+const closeTimeout = 5 * time.Second
 
 // Stats returns the backend's running totals.
 func (b *Backend) Stats() *Stats { return b.stats }
 
-// Close ends the config reads running in the background. The Backend
-// must not be used after it.
+// Close gives every lease back to its bucket (within closeTimeout:
+// what it cannot return is lost to the bucket until it refills, as in a
+// crash) and ends the work running in the background. Decisions still
+// under way when it is called may fail; the Backend must not be used
+// after it. A second Close does nothing.
 func (b *Backend) Close() error {
+	b.bgMu.Lock()
+	if b.closed {
+		b.bgMu.Unlock()
+		return b.closeErr
+	}
+	b.closed = true
+	b.bgMu.Unlock()
+	b.stopBG()
+	b.bgWG.Wait()
+	if b.leases != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		b.returnAll(ctx, b.leases.all())
+		cancel()
+		if left := b.stats.LeaseOutstanding.Load(); left > 0 {
+			b.closeErr = fmt.Errorf("dynamodb backend: %d millitokens of leases could not be returned", left)
+		}
+	}
 	b.records.close()
-	return nil
+	return b.closeErr
 }
 
 // Ping reports whether the table answers.
@@ -165,6 +239,12 @@ type target struct {
 	// fresh: item was read from, or returned by, the table during this
 	// decision, so a denial based on it is final.
 	fresh bool
+	// lease is what this replica's lease on the bucket adds to the
+	// decision, per res.Limits (nil: nothing): withdrawn to be folded
+	// into the write, or, for a local denial, only looked at. grant is
+	// what the write takes for the lease, per limit.
+	lease []int64
+	grant []int64
 
 	mode   writeMode
 	base   []bucket.State // states before the decision, per res.Limits
@@ -191,6 +271,11 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	}
 	if len(ts) == 0 {
 		return backend.NotLimited(), nil
+	}
+	if b.leases != nil && !req.Refund && req.Hits > 0 {
+		if d, ok := b.spend(ts, req, level); ok {
+			return d, nil
+		}
 	}
 	if d, ok := b.denyFromSeen(ts, req, level); ok {
 		return d, nil
@@ -284,6 +369,11 @@ func (b *Backend) denyFromSeen(ts []target, req *backend.Request, level backend.
 	if !b.recentEnough(ts, now) { // never seen counts as too old
 		return backend.Decision{}, false
 	}
+	if b.leases != nil {
+		for i := range ts {
+			b.leases.peek(&ts[i])
+		}
+	}
 	c := call{req: req}
 	calls := [1]*call{&c}
 	if decideCalls(ts, calls[:], now); c.allowed {
@@ -356,12 +446,21 @@ func (t *target) group() string {
 // and writes the outcome with one conditional write. Each call gets its
 // own answer. A lost race recomputes every call from the state the table
 // returned; a call whose context ends is left out of the next attempt.
+//
+// With leases, what this replica's lease on a bucket still holds is
+// folded into a batch that pays for anything (or returns the lease): the
+// calls are decided on the bucket and the lease together, and the write
+// takes from the bucket only what the lease does not cover, plus the
+// next lease's grant, or gives back what is left over. A write that
+// certainly did not happen (every attempt lost) puts the lease back; one
+// whose outcome is unknown drops it, since it may have returned it.
 func (b *Backend) decideBatch(ts []target, batch []*call) {
 	ctx, cancel := batchContext(batch)
 	defer cancel()
 	// Read the last seen state only now: the batch that held the lane
 	// before this one may have just updated it.
 	b.loadSeen(ts)
+	fold, mayGrant := b.leasePlan(ts, batch)
 	live := make([]*call, 0, len(batch))
 	for attempt := 1; ; attempt++ {
 		live = live[:0]
@@ -377,6 +476,7 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 			live = append(live, c)
 		}
 		if len(live) == 0 {
+			b.unfold(ts, fold, true)
 			return
 		}
 		now := b.now()
@@ -385,10 +485,14 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 			// Decided on a view too old to trust for a denial (a refund or
 			// a raised limit elsewhere): ask the table.
 			if err := b.refresh(ctx, ts); err != nil {
+				b.unfold(ts, fold, true) // nothing written yet
 				fail(live, err)
 				return
 			}
 			continue
+		}
+		if b.settle(ts, now, mayGrant) {
+			write = true
 		}
 		// Denials and checks stand on a view recent enough to deny from:
 		// they are answered now, whatever becomes of the write, so that a
@@ -396,7 +500,7 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 		// (and, at worst, fails) only the calls it would admit.
 		n := 0
 		for _, c := range live {
-			if c.allowed && c.req.Hits > 0 {
+			if c.kind != decide || (c.allowed && c.req.Hits > 0) {
 				live[n] = c
 				n++
 				continue
@@ -408,27 +512,31 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 		}
 		live = live[:n]
 		if !write {
+			b.written(ts, live, now, false)
 			return
 		}
 		err := b.write(ctx, ts, now)
 		if err == nil {
-			b.written(ts, live, now)
+			b.written(ts, live, now, true)
 			return
 		}
 		var lost errLostRace
 		if !errors.As(err, &lost) {
+			b.unfold(ts, fold, false)
 			fail(live, err)
 			return
 		}
 		b.stats.ConditionRetries.Add(1)
 		if attempt >= b.opts.MaxAttempts {
-			fail(live, fmt.Errorf("bucket %q/%q: gave up after %d contended writes", ts[0].key.entity, ts[0].key.resource, attempt))
+			b.unfold(ts, fold, true)
+			b.contended(ts, live, now)
 			return
 		}
 		// The first retry starts at once from the state the race returned;
 		// later ones back off, with jitter, as the bucket is contended.
 		if attempt > 1 {
 			if err := sleep(ctx, backoff(attempt-1)); err != nil {
+				b.unfold(ts, fold, true)
 				fail(live, fmt.Errorf("bucket %q/%q: %w", ts[0].key.entity, ts[0].key.resource, err))
 				return
 			}
@@ -436,18 +544,157 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 	}
 }
 
-// written completes the calls of a batch whose write succeeded, every one
-// of them admitted: each reports the tokens it left, shifted by whatever
-// other writers did meanwhile (which the table's answer shows).
-func (b *Backend) written(ts []target, calls []*call, now int64) {
-	if b.opts.OnBucketWrite != nil {
+// leasePlan withdraws the leases of ts into the batch when it pays for
+// anything or returns them (fold), records the batch's paying calls as
+// this replica's demand, and says whether its write may grant new leases:
+// not for a refund (given back exactly, nothing more) nor for a return
+// alone.
+func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
+	for i := range ts {
+		ts[i].lease, ts[i].grant = nil, nil
+	}
+	if b.leases == nil {
+		return false, false
+	}
+	paying, refund, giving := false, false, false
+	for _, c := range batch {
+		switch {
+		case c.kind == giveBack:
+			giving = true
+		case c.kind == decide && c.req.Refund:
+			refund = true
+		case c.kind == decide && c.req.Hits > 0:
+			paying = true
+		}
+	}
+	now := b.now()
+	for i := range ts {
+		t := &ts[i]
+		if paying {
+			costs := make([]int64, len(t.res.Limits))
+			for _, c := range batch {
+				if c.kind == decide && !c.req.Refund {
+					for j, l := range t.res.Limits {
+						costs[j] += bucket.Cost(l, c.req.Hits)
+					}
+				}
+			}
+			b.leases.spent(t, costs, now)
+		}
+		if !refund && (paying || giving) {
+			b.leases.withdraw(t)
+		}
+	}
+	fold = !refund && (paying || giving)
+	return fold, !refund && (paying || !giving)
+}
+
+// unfold settles the leases a batch withdrew and did not write: put back
+// when the write certainly did not happen (sure), dropped otherwise.
+func (b *Backend) unfold(ts []target, fold, sure bool) {
+	if !fold {
+		return
+	}
+	for i := range ts {
+		if sure {
+			b.leases.restore(&ts[i])
+		} else {
+			b.leases.drop(&ts[i])
+		}
+	}
+}
+
+// settle turns each target's decided states (the bucket and any folded
+// lease together, after the calls) into what its bucket holds after the
+// write: less the grant of a new lease, when the batch may grant one.
+// Each limit's consumed total (tc) grows by what the write takes from
+// the bucket, lease grants included, and never shrinks: every token ever
+// admitted has been counted there once, when it left the bucket. It
+// reports whether the write changes any bucket's tokens.
+func (b *Backend) settle(ts []target, now int64, mayGrant bool) bool {
+	changes := false
+	for i := range ts {
+		t := &ts[i]
+		var own, fleet []float64
+		if mayGrant {
+			own, fleet = b.leases.rates(t, now)
+		}
+		t.grant = nil
+		for j, l := range t.res.Limits {
+			s := &t.states[j]
+			if own != nil {
+				if g := b.leases.policy.Size(l, own[j], fleet[j], s.Tokens); g > 0 {
+					if t.grant == nil {
+						t.grant = make([]int64, len(t.res.Limits))
+					}
+					t.grant[j] = g
+					s.Tokens -= g
+				}
+			}
+			taken := bucket.Refill(l, t.base[j], now).Tokens - s.Tokens
+			if !t.refund {
+				// A refund's batch counts what its calls consumed, as
+				// bucket.Apply did; any other counts what left the bucket.
+				s.Consumed = t.base[j].Consumed
+				if taken > 0 {
+					s.Consumed = satAdd(s.Consumed, taken)
+				}
+			}
+			changes = changes || taken != 0
+		}
+	}
+	return changes
+}
+
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// contended answers the calls of a batch whose write lost every race:
+// the bucket is at its limit and other replicas got the tokens first.
+// Each is denied, with the time its cost takes to refill as the wait:
+// the fleet stays within its bound, and every call gets a decision.
+func (b *Backend) contended(ts []target, calls []*call, now int64) {
+	for _, c := range calls {
+		if c.kind != decide {
+			c.finish()
+			continue
+		}
+		c.allowed = false
+		for j, l := range c.limits {
+			r := &c.results[j]
+			r.Allowed = false
+			if r.Wait = bucket.FillTime(l, r.Cost); r.Wait <= 0 {
+				r.Wait = bucket.Never
+			}
+		}
+		b.stats.Contended.Add(1)
+		c.finish()
+	}
+}
+
+// written completes the calls of a batch whose write succeeded (wrote),
+// or needed none, every one of them admitted: each reports the tokens it
+// left, shifted by whatever other writers did meanwhile (which the
+// table's answer shows). The leases get what the write granted them.
+func (b *Backend) written(ts []target, calls []*call, now int64, wrote bool) {
+	if wrote && b.opts.OnBucketWrite != nil {
 		for i := range ts {
 			b.opts.OnBucketWrite(backend.TTLDuration(backend.BucketTTL(ts[i].res, b.opts.TTLMultiplier)))
 		}
 	}
+	if b.leases != nil {
+		b.leaseWritten(ts, now, wrote)
+	}
 	off := 0
 	for i := range ts {
 		for j, l := range ts[i].res.Limits {
+			if !wrote || ts[i].item == nil {
+				break // no newer state of the table to report from
+			}
 			s, ok := ts[i].item.stateOf(l.Name)
 			if !ok {
 				continue
@@ -455,6 +702,9 @@ func (b *Backend) written(ts []target, calls []*call, now int64) {
 			table := bucket.Refill(l, s, now)
 			shift := table.Tokens - ts[i].states[j].Tokens
 			for _, c := range calls {
+				if c.kind != decide {
+					continue
+				}
 				r := &c.results[off+j]
 				r.Tokens = min(max(r.Tokens+shift, 0), l.Burst)
 				r.Wait = bucket.Wait(l, bucket.State{Tokens: r.Tokens, Clock: table.Clock}, l.Burst, now)
@@ -462,10 +712,36 @@ func (b *Backend) written(ts []target, calls []*call, now int64) {
 		}
 		off += len(ts[i].res.Limits)
 	}
+	decided := 0
 	for _, c := range calls {
+		if c.kind == decide {
+			decided++
+		}
 		c.finish()
 	}
-	b.stats.Coalesced.Add(uint64(max(len(calls)-1, 0)))
+	b.stats.Coalesced.Add(uint64(max(decided-1, 0)))
+}
+
+// leaseWritten credits the grants of a write that succeeded (or was not
+// needed) to the leases, and counts the tokens it gave back.
+func (b *Backend) leaseWritten(ts []target, now int64, wrote bool) {
+	leaseWrite := false
+	for i := range ts {
+		t := &ts[i]
+		if t.grant != nil || t.lease != nil {
+			leaseWrite = true
+		}
+		for j, l := range t.res.Limits {
+			if back := t.states[j].Tokens - bucket.Refill(l, t.base[j], now).Tokens; back > 0 {
+				b.stats.Returned.Add(uint64(back))
+			}
+		}
+		b.leases.credit(t, now)
+		t.lease = nil
+	}
+	if wrote && leaseWrite {
+		b.stats.LeaseWrites.Add(1)
+	}
 }
 
 // fail answers every call with err.
@@ -493,9 +769,12 @@ func decideCalls(ts []target, calls []*call, now int64) (write, needView bool) {
 		ts[i].refund = refund
 		ts[i].plan(now)
 		limits = append(limits, ts[i].res.Limits...)
-		states = append(states, ts[i].base...)
+		states = append(states, ts[i].pool(now)...)
 	}
 	for _, c := range calls {
+		if c.kind != decide {
+			continue
+		}
 		c.results, c.allowed = backend.Apply(c.req, limits, states, now)
 		c.limits = limits
 		if c.allowed && c.req.Hits > 0 {
@@ -541,6 +820,26 @@ func (t *target) plan(now int64) {
 			t.base[i] = s
 		}
 	}
+}
+
+// pool is what t's decision may spend from, per limit: the bucket as
+// planned, with what the replica's lease adds folded in, refilled and
+// capped at the burst like any tokens given back to a bucket (what the
+// cap cuts off is lost, as a return would lose it).
+func (t *target) pool(now int64) []bucket.State {
+	states := slices.Clone(t.base)
+	for j, l := range t.res.Limits {
+		if t.lease == nil || t.lease[j] <= 0 {
+			continue
+		}
+		s := bucket.Refill(l, states[j], now)
+		s.Tokens = min(s.Tokens+t.lease[j], l.Burst)
+		if s.Tokens == l.Burst {
+			s.Clock = now
+		}
+		states[j] = s
+	}
+	return states
 }
 
 // recentEnough reports whether every target's view may decide a denial:

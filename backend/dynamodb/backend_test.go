@@ -45,7 +45,10 @@ func newEnv(t *testing.T) *env {
 	return &env{client: srv.Client(context.Background()), table: table, clock: clk}
 }
 
-// replica is one Sluice process's backend on the test's table.
+// replica is one Sluice process's backend on the test's table, closed
+// when the test ends. Leases are on unless opts turn them off: a test
+// that counts writes or consumed tokens exactly sets LeaseHorizon -1,
+// since a lease takes tokens ahead of the decisions that spend them.
 func (e *env) replica(t *testing.T, opts Options, api ...API) *Backend {
 	t.Helper()
 	opts.Table = e.table
@@ -63,6 +66,7 @@ func (e *env) replica(t *testing.T, opts Options, api ...API) *Backend {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { b.Close() })
 	return b
 }
 
@@ -116,7 +120,7 @@ func attrN(t *testing.T, item map[string]types.AttributeValue, name string) int6
 
 func TestItemLayout(t *testing.T) {
 	e := newEnv(t)
-	b := e.replica(t, Options{KeyPrefix: "t1"})
+	b := e.replica(t, Options{KeyPrefix: "t1", LeaseHorizon: -1})
 	limits := []bucket.Limit{lim(t, "rpm", "60/min", 0), lim(t, "tpm.v1-x", "1000/min", 1500)}
 	limits[0].PerRequest = true
 	req := backend.Request{Entity: "acme", Resource: "chat:gpt", Defaults: limits, Hits: 100}
@@ -172,7 +176,7 @@ func TestItemLayout(t *testing.T) {
 
 func TestWarmDecisionIsOneUpdateAndNoRead(t *testing.T) {
 	e := newEnv(t)
-	b := e.replica(t, Options{})
+	b := e.replica(t, Options{LeaseHorizon: -1})
 	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1000/s", 0)}, Hits: 1}
 	mustDecide(t, b, req) // cold: config read + create
 	calls0, _ := b.Stats().Calls()
@@ -274,7 +278,7 @@ func TestChangedLimitsReachExistingBucket(t *testing.T) {
 // burst, and concurrent consumption is never lost.
 func TestRefundFromStaleViewCapsAtBurst(t *testing.T) {
 	e := newEnv(t)
-	a, other := e.replica(t, Options{}), e.replica(t, Options{})
+	a, other := e.replica(t, Options{LeaseHorizon: -1}), e.replica(t, Options{LeaseHorizon: -1})
 	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 10)}, Hits: 5}
 	mustDecide(t, a, req) // a sees 5 left
 	mustDecide(t, other, backend.Request{Entity: "e", Resource: "r", Defaults: req.Defaults, Hits: 3})
@@ -317,7 +321,7 @@ func TestExpiredItemCountsAsAbsent(t *testing.T) {
 func TestTTLBySource(t *testing.T) {
 	e := newEnv(t)
 	var writes []time.Duration // by OnBucketWrite; decisions here are sequential
-	b := e.replica(t, Options{ConfigCacheTTL: time.Millisecond, OnBucketWrite: func(ttl time.Duration) { writes = append(writes, ttl) }})
+	b := e.replica(t, Options{LeaseHorizon: -1, ConfigCacheTTL: time.Millisecond, OnBucketWrite: func(ttl time.Duration) { writes = append(writes, ttl) }})
 	limits := []bucket.Limit{lim(t, "x", "10/s", 0)} // fills in 1 s
 	req := backend.Request{Entity: "vip", Resource: "r", Defaults: limits, Hits: 1}
 	ttlOf := func() (int64, bool) {
@@ -436,7 +440,7 @@ func TestUnprocessedKeysAreRetried(t *testing.T) {
 func TestWriteErrorsReachTheCaller(t *testing.T) {
 	e := newEnv(t)
 	f := &faulty{API: e.client}
-	b := e.replica(t, Options{}, f)
+	b := e.replica(t, Options{LeaseHorizon: -1}, f)
 	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "100/min", 0)}, Hits: 1}
 	mustDecide(t, b, req) // create (PutItem)
 	f.failUpdates.Store(true)

@@ -51,6 +51,9 @@ type call struct {
 	// of one bucket whose limits resolved alike. "" never shares (a
 	// cascade, which holds two lanes).
 	group string
+	// kind says what the call asks: a decision, or a lease's renewal or
+	// return, which the lane orders among the bucket's decisions.
+	kind callKind
 	// wake receives once per hand-over: the lane was handed to the call,
 	// or, for a follower, its answer is in.
 	wake chan struct{}
@@ -70,6 +73,18 @@ type call struct {
 	// told: a follower's wake for its answer has been sent.
 	told bool
 }
+
+// callKind is what a call through a lane asks for.
+type callKind int
+
+const (
+	// decide: a decision on a request (the zero kind).
+	decide callKind = iota
+	// renewal: more tokens for this replica's lease on the bucket.
+	renewal
+	// giveBack: the lease's tokens back to the bucket.
+	giveBack
+)
 
 // finish marks c answered and, for a follower, wakes it at once, so that
 // a call decided early does not wait for the rest of its batch. c must not

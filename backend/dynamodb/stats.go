@@ -15,15 +15,27 @@ type Stats struct {
 	// ConditionRetries counts writes that lost a race (condition failed or
 	// transaction conflict) and were recomputed.
 	ConditionRetries atomic.Uint64
-	// LocalAnswers counts decisions answered from the last state this
-	// replica saw of the bucket, with no DynamoDB call of their own:
-	// denials and checks within the staleness bound.
+	// LocalAnswers counts decisions answered with no DynamoDB call of
+	// their own: admissions paid from a lease, and denials and checks
+	// answered from the last state this replica saw of the bucket (and
+	// its lease) within the staleness bound.
 	LocalAnswers atomic.Uint64
 	// Coalesced counts decisions whose tokens were written by a write
 	// another decision of the same batch made.
-	Coalesced       atomic.Uint64
-	ReadMilliUnits  atomic.Uint64
-	WriteMilliUnits atomic.Uint64
+	Coalesced atomic.Uint64
+	// Contended counts decisions denied because their write lost every
+	// race for the bucket's last tokens to other replicas.
+	Contended atomic.Uint64
+	// Leased and Returned count the millitokens moved into this replica's
+	// leases and back into buckets; LeaseDropped those lost on the way (a
+	// write whose outcome is unknown, a limit removed); LeaseOutstanding
+	// is what the leases hold now. LeaseWrites counts the writes that
+	// granted or gave back lease tokens.
+	Leased, Returned, LeaseDropped atomic.Uint64
+	LeaseOutstanding               atomic.Int64
+	LeaseWrites                    atomic.Uint64
+	ReadMilliUnits                 atomic.Uint64
+	WriteMilliUnits                atomic.Uint64
 
 	mu     sync.Mutex
 	calls  map[string]uint64

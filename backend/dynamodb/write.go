@@ -67,7 +67,7 @@ func (b *Backend) write(ctx context.Context, ts []target, now int64) error {
 // limit leaves such a state, so replicas do not invalidate each other
 // there either.
 //
-// A refund is a refilling write: it moves the clock to where the refill
+// A refund, or a lease given back, is a refilling write: it moves the clock to where the refill
 // left it and ADDs the difference in tokens, on the condition that the
 // clock is still the one the refill started from and that the tokens stay
 // within [0, burst] after the ADD. A writer whose clock has moved on
@@ -131,16 +131,25 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 		tk := limitAttr(bucketPrefix, l.Name, fieldTokens)
 		rf := limitAttr(bucketPrefix, l.Name, fieldClock)
 		cost := next.Consumed - base.Consumed
+		refilled := bucket.Refill(l, base, now)
+		// back: tokens a folded lease gives back beyond what the
+		// decision took.
+		back := next.Tokens - refilled.Tokens
+		if !t.refund && back == 0 && cost == 0 {
+			// Neither taken from nor given to (a lease renewed for
+			// another limit of the bucket): left as it is, unconditioned.
+			written[i] = base
+			continue
+		}
 		if cost > 0 {
 			e.addAttr(limitAttr(bucketPrefix, l.Name, fieldConsumed), num(cost))
 		}
-		refilled := bucket.Refill(l, base, now)
 		switch {
-		case !t.refund && refilled.Tokens >= l.Burst:
+		case !t.refund && back <= 0 && refilled.Tokens >= l.Burst:
 			e.setAttr(tk, num(next.Tokens))
 			e.setAttr(rf, num(next.Clock))
 			fullAt(e, l, tk, rf, base, cost, now)
-		case !t.refund:
+		case !t.refund && back <= 0:
 			// Pay from the tokens held and, if short, from the least whole
 			// steps of refill; the rest stays pending on the clock.
 			ms, claimed := bucket.Claim(l, base, cost)
