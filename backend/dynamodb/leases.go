@@ -50,6 +50,10 @@ type holding struct {
 	// granted is the size of the last grant, per limit: a lease down to
 	// half of it is renewed.
 	granted []int64
+	// item is the bucket as this replica's last write left it, set
+	// with the tokens under mu, so that a decision paid from the lease
+	// reads the bucket and the lease of one moment.
+	item    *bucketItem
 	own     []lease.Rate    // this replica's spending, per limit
 	fleet   []lease.Counter // the fleet's taking (the item's tc), per limit
 	expires int64           // ms: from then on the tokens are only returned
@@ -254,14 +258,12 @@ func (ls *leases) spent(t *target, costs []int64, now int64) {
 	h.used = max(h.used, now)
 }
 
-// credit adds the tokens t's write took for the lease (t.grant).
+// credit adds the tokens t's write took for the lease (t.grant), and
+// records the bucket as the write left it (t.item).
 func (ls *leases) credit(t *target, now int64) {
 	var sum int64
 	for _, g := range t.grant {
 		sum += g
-	}
-	if sum == 0 {
-		return
 	}
 	h := ls.getOrAdd(t.key)
 	h.mu.Lock()
@@ -274,6 +276,10 @@ func (ls *leases) credit(t *target, now int64) {
 			return
 		}
 		h.align(t.res, t.fp)
+	}
+	h.item = t.item
+	if sum == 0 {
+		return
 	}
 	for i, g := range t.grant {
 		h.tokens[i] += g
@@ -392,9 +398,9 @@ func (b *Backend) background(ctx context.Context, t target, kind callKind) {
 // spend answers req from this replica's leases on every bucket of ts,
 // when each holds what req costs under the limits it resolved to now
 // and has not expired: no DynamoDB call, no wait. The answer's tokens
-// are the last state seen of each bucket, refilled to now, plus what
-// the lease holds after paying: exact with one replica, an estimate
-// with several. A lease left at half its last grant or less is renewed
+// are the bucket as this replica's last write left it, refilled to now,
+// plus what the lease holds after paying (at most the burst): exact with
+// one replica, an estimate with several, whose writes it has not seen. A lease left at half its last grant or less is renewed
 // in the background.
 func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level) (backend.Decision, bool) {
 	now := b.now()
@@ -439,7 +445,6 @@ func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level) 
 	tau := b.leases.horizon()
 	for i := range ts {
 		h, t := hs[i], &ts[i]
-		item, _ := b.seen.Get(t.key)
 		var spent int64
 		for j, l := range t.res.Limits {
 			c := bucket.Cost(l, req.Hits)
@@ -447,7 +452,7 @@ func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level) 
 			spent += c
 			h.own[j].Add(c, now, tau)
 			view := bucket.State{Clock: now}
-			if it := item.item; it != nil && !it.expired(now) && it.cfg == t.fp {
+			if it := h.item; it != nil && !it.expired(now) && it.cfg == t.fp {
 				if s, ok := it.stateOf(l.Name); ok {
 					view = bucket.Refill(l, s, now)
 				}

@@ -1,0 +1,309 @@
+package dynamodb
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+// writes counts the bucket writes b has made.
+func writes(b *Backend) uint64 {
+	calls, _ := b.Stats().Calls()
+	return calls["UpdateItem"] + calls["PutItem"] + calls["TransactWriteItems"]
+}
+
+// crash stops b as a killed process stops: its background work ends and
+// its leases are never returned.
+func crash(b *Backend) {
+	b.bgMu.Lock()
+	b.closed = true
+	b.bgMu.Unlock()
+	b.stopBG()
+	b.bgWG.Wait()
+}
+
+// waitBackground waits until no renewal or return of b runs, so that a
+// test reads the table after them.
+func waitBackground(t *testing.T, b *Backend) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		busy := false
+		b.leases.mu.Lock()
+		for _, h := range b.leases.m {
+			h.mu.Lock()
+			busy = busy || h.busy
+			h.mu.Unlock()
+		}
+		b.leases.mu.Unlock()
+		if !busy {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a renewal or return is still running after 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// tokensIn reads limit name's tokens of a bucket as stored.
+func (e *env) tokensIn(t *testing.T, b *Backend, entity, resource, name string) int64 {
+	t.Helper()
+	return attrN(t, e.rawItem(t, b.keys.EntityPK(entity), b.keys.BucketSK(resource)), limitAttr(bucketPrefix, name, fieldTokens))
+}
+
+// One replica on a warm key far below its limit: most decisions are paid
+// from the lease, so writes are a small fraction of decisions, and every
+// answer's remaining count is exact (the bucket and the lease together).
+func TestLeaseAnswersWarmDecisionsFromMemory(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{})
+	// 1000 tokens that do not refill within the test: remaining is
+	// 1000 less what was admitted, exactly.
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 1000)}, Hits: 1}
+	const n = 300
+	for i := 1; i <= n; i++ {
+		e.clock.advance(10) // 100 decisions a second
+		d := mustDecide(t, b, req)
+		if !d.Allowed {
+			t.Fatalf("decision %d denied", i)
+		}
+		if got, want := d.Results[0].Tokens, int64(1000-i)*bucket.Milli; got != want {
+			t.Fatalf("decision %d: %d millitokens remaining, want %d", i, got, want)
+		}
+		waitBackground(t, b) // renewals land in order, as on a replica with time to spare
+	}
+	s := b.Stats()
+	t.Logf("%d decisions: %d writes, %d answered locally, %d leased, %d outstanding",
+		n, writes(b), s.LocalAnswers.Load(), s.Leased.Load(), s.LeaseOutstanding.Load())
+	if w := writes(b); w > n/10 {
+		t.Errorf("%d writes for %d decisions, want at most %d", w, n, n/10)
+	}
+	if s.LeaseOutstanding.Load() > 100*bucket.Milli {
+		t.Errorf("%d millitokens leased out, more than a tenth of the burst", s.LeaseOutstanding.Load())
+	}
+	// The lease goes back on Close: the table then holds exactly what
+	// was not admitted.
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if tk := e.tokensIn(t, b, "e", "r", "x"); tk != (1000-n)*bucket.Milli {
+		t.Errorf("after Close the bucket holds %d millitokens, want %d", tk, (1000-n)*bucket.Milli)
+	}
+	if s.LeaseOutstanding.Load() != 0 || s.Returned.Load() == 0 {
+		t.Errorf("after Close: %d outstanding, %d returned", s.LeaseOutstanding.Load(), s.Returned.Load())
+	}
+}
+
+// A replica killed with leases loses them, and nothing more: the fleet
+// admits no more than the burst, and no less than the burst less what
+// the dead replica held.
+func TestCrashLosesAtMostItsLeases(t *testing.T) {
+	e := newEnv(t)
+	a, b := e.replica(t, Options{}), e.replica(t, Options{})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 500)}, Hits: 1}
+	admitted := 0
+	for range 100 {
+		e.clock.advance(5)
+		if mustDecide(t, a, req).Allowed {
+			admitted++
+		}
+	}
+	waitBackground(t, a)
+	held := a.Stats().LeaseOutstanding.Load() / bucket.Milli
+	if held == 0 {
+		t.Fatal("the first replica holds no lease to lose")
+	}
+	crash(a)
+	for range 2000 {
+		e.clock.advance(5)
+		if mustDecide(t, b, req).Allowed {
+			admitted++
+		}
+	}
+	waitBackground(t, b)
+	t.Logf("admitted %d of 500 after a crash holding %d", admitted, held)
+	if admitted > 500 || int64(admitted) < 500-held {
+		t.Fatalf("admitted %d, want from %d to 500", admitted, 500-held)
+	}
+}
+
+// Limits changed by an operator reach a bucket this replica holds a
+// lease on: the lease is folded back into the rewrite, capped at the new
+// burst, and the new limit binds from then on.
+func TestLeaseFollowsChangedLimits(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{ConfigCacheTTL: time.Millisecond})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 1000)}, Hits: 1}
+	for range 50 {
+		e.clock.advance(10)
+		mustDecide(t, b, req)
+		waitBackground(t, b)
+	}
+	if b.Stats().LeaseOutstanding.Load() == 0 {
+		t.Fatal("no lease taken")
+	}
+	if _, err := e.admin(t, "").PutConfig(context.Background(), backend.RecordKey{Resource: "r"}, []bucket.Limit{lim(t, "x", "1/hour", 20)}, 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // past the config cache TTL
+	admitted := 0
+	for range 100 {
+		e.clock.advance(10)
+		if d := mustDecide(t, b, req); d.Allowed {
+			admitted++
+			if d.Limits[0].Burst != 20*bucket.Milli {
+				t.Fatalf("decided on the old limit: %+v", d.Limits[0])
+			}
+		}
+		waitBackground(t, b)
+	}
+	if admitted > 20 {
+		t.Fatalf("%d admitted after the burst was lowered to 20", admitted)
+	}
+	if tk := e.tokensIn(t, b, "e", "r", "x"); tk > 20*bucket.Milli {
+		t.Fatalf("the rewritten bucket holds %d millitokens, over its burst", tk)
+	}
+}
+
+// Leases of a key nobody asks for go back within a few horizons, so an
+// idle replica does not keep tokens from the others.
+func TestIdleLeaseGoesBack(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{LeaseHorizon: 200 * time.Millisecond, Now: func() int64 { return time.Now().UnixMilli() }})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 1000)}, Hits: 1}
+	for range 40 {
+		mustDecide(t, b, req)
+		time.Sleep(time.Millisecond)
+	}
+	for deadline := time.Now().Add(5 * time.Second); b.Stats().LeaseOutstanding.Load() != 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d millitokens still leased 5 s after the key went idle", b.Stats().LeaseOutstanding.Load())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitBackground(t, b)
+	if tk := e.tokensIn(t, b, "e", "r", "x"); tk != 960*bucket.Milli {
+		t.Fatalf("after the idle lease went back the bucket holds %d millitokens, want 960000", tk)
+	}
+}
+
+// An invariant hunt: three replicas on a few buckets of two limits each
+// (one a cascade), random requests (absurd hits, checks, refunds larger
+// than the burst), a replica closed and one killed on the way, the
+// clock moving in random steps. Afterwards every bucket keeps the
+// invariants of DESIGN section 6 (tokens within the burst, no clock in
+// the future), every admitted token has left its bucket (counted in its
+// consumed total), and without refunds the fleet admitted no more than
+// B + R*T + 1 per limit.
+func TestLeaseSimulationKeepsInvariants(t *testing.T) {
+	for _, refunds := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refunds=%v", refunds), func(t *testing.T) {
+			leaseSimulation(t, refunds, uint64(len(t.Name())))
+		})
+	}
+}
+
+func leaseSimulation(t *testing.T, refunds bool, seed uint64) {
+	e := newEnv(t)
+	start := e.clock.now()
+	limits := []bucket.Limit{lim(t, "rps", "20/s", 40), lim(t, "day", "400/day", 0)}
+	replicas := []*Backend{e.replica(t, Options{}), e.replica(t, Options{}), e.replica(t, Options{LeaseHorizon: time.Second})}
+	alive := []bool{true, true, true}
+	rng := rand.New(rand.NewPCG(seed, 99))
+	type key struct{ entity, limit string }
+	admitted := map[key]int64{} // millitokens
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for step := range 1500 {
+		if step == 500 {
+			replicas[0].Close()
+			alive[0] = false
+		}
+		if step == 1000 {
+			crash(replicas[1])
+			alive[1] = false
+		}
+		if rng.IntN(4) == 0 {
+			e.clock.advance(int64(rng.IntN(200)))
+		}
+		r := rng.IntN(3)
+		if !alive[r] {
+			r = 2
+		}
+		entity := []string{"a", "b", "c"}[rng.IntN(3)]
+		req := backend.Request{Entity: entity, Resource: "api", Defaults: limits, Hits: uint64(1 + rng.IntN(3))}
+		switch x := rng.IntN(40); {
+		case x == 0:
+			req.Hits = math.MaxUint64
+		case x == 1:
+			req.Hits = 0
+		case x < 4 && refunds:
+			req.Refund, req.Hits = true, uint64([]int{1, 1_000_000}[rng.IntN(2)])
+		}
+		if entity == "c" {
+			req.Parent = "org"
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := replicas[r].Decide(context.Background(), &req)
+			if err != nil {
+				t.Errorf("decide %+v: %v", req, err)
+				return
+			}
+			if !d.Allowed || req.Refund || req.Hits == 0 {
+				return
+			}
+			if req.Hits == math.MaxUint64 {
+				t.Errorf("admitted %d hits", req.Hits)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for i, l := range d.Limits {
+				owner := entity
+				if i >= len(limits) {
+					owner = "org"
+				}
+				admitted[key{owner, l.Name}] += d.Results[i].Cost
+			}
+		}()
+		if step%8 == 7 {
+			wg.Wait() // let some batches form, and some not
+		}
+	}
+	wg.Wait()
+	replicas[2].Close()
+	elapsed := e.clock.now() - start
+
+	found := 0
+	if err := e.admin(t, "").AllBuckets(t.Context(), func(bk Bucket) error {
+		found++
+		if v := bk.Violations(e.clock.now(), 0); len(v) > 0 {
+			t.Errorf("violations: %v", v)
+		}
+		for i, l := range bk.Limits {
+			got := admitted[key{bk.Entity, l.Name}]
+			if bk.States[i].Consumed < got {
+				t.Errorf("%s %s: admitted %d millitokens, only %d left the bucket", bk.Entity, l.Name, got, bk.States[i].Consumed)
+			}
+			bound := l.Burst + l.Amount*elapsed/l.Period + bucket.Milli
+			if !refunds && got > bound {
+				t.Errorf("%s %s: admitted %d millitokens in %d ms, bound %d", bk.Entity, l.Name, got, elapsed, bound)
+			}
+			t.Logf("%s %s: admitted %d, consumed %d, bound %d", bk.Entity, l.Name, got/bucket.Milli, bk.States[i].Consumed/bucket.Milli, bound/bucket.Milli)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if found != 4 {
+		t.Fatalf("audit found %d buckets, want a, b, c and org", found)
+	}
+}
