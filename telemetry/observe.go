@@ -31,7 +31,7 @@ func (t *Telemetry) ObserveRules(stats func() descriptors.ReloadStats) error {
 
 // ObserveDynamoDB reports the DynamoDB backend's running totals when
 // metrics are read: capacity consumed, lost write races, decisions that
-// needed no call or shared a write, and the config cache.
+// needed no call or shared a write, the leases, and the config cache.
 func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 	m := t.meter
 	rcu, err1 := m.Float64ObservableCounter("sluice.dynamodb.read_capacity_units", metric.WithUnit("{unit}"),
@@ -47,15 +47,26 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 	size, err6 := m.Int64ObservableGauge("sluice.config_cache.size", metric.WithUnit("{entry}"),
 		metric.WithDescription("Buckets whose limits the config cache holds."))
 	local, err7 := m.Int64ObservableCounter("sluice.dynamodb.local_answers", metric.WithUnit("{decision}"),
-		metric.WithDescription("Decisions answered from the last bucket state this replica saw, without a DynamoDB call of their own."))
+		metric.WithDescription("Decisions answered without a DynamoDB call of their own: admissions paid from a lease, and denials and checks answered from the last bucket state this replica saw."))
 	coalesced, err8 := m.Int64ObservableCounter("sluice.dynamodb.coalesced_decisions", metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions whose tokens were written by one write shared with another decision of the same bucket."))
-	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8} {
+	leaseTokens, err9 := m.Float64ObservableCounter("sluice.dynamodb.lease_tokens", metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens moved into this replica's leases (event=leased), back into their buckets (returned), or lost on the way (dropped: a write whose outcome is unknown, a limit removed)."))
+	outstanding, err10 := m.Float64ObservableGauge("sluice.dynamodb.lease_tokens_outstanding", metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens this replica's leases hold now: taken from their buckets, not yet spent or returned."))
+	leaseWrites, err11 := m.Int64ObservableCounter("sluice.dynamodb.lease_writes", metric.WithUnit("{write}"),
+		metric.WithDescription("Bucket writes that granted lease tokens or gave them back."))
+	contended, err12 := m.Int64ObservableCounter("sluice.dynamodb.contended_denials", metric.WithUnit("{decision}"),
+		metric.WithDescription("Decisions denied because their write lost every race for the bucket's last tokens to other replicas."))
+	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11, err12} {
 		if err != nil {
 			return err
 		}
 	}
 	s := b.Stats()
+	leased := metric.WithAttributes(attribute.String("event", "leased"))
+	returned := metric.WithAttributes(attribute.String("event", "returned"))
+	dropped := metric.WithAttributes(attribute.String("event", "dropped"))
 	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveFloat64(rcu, float64(s.ReadMilliUnits.Load())/1000)
 		o.ObserveFloat64(wcu, float64(s.WriteMilliUnits.Load())/1000)
@@ -65,8 +76,14 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		o.ObserveInt64(size, int64(b.ConfigCacheLen()))
 		o.ObserveInt64(local, int64(s.LocalAnswers.Load()))
 		o.ObserveInt64(coalesced, int64(s.Coalesced.Load()))
+		o.ObserveFloat64(leaseTokens, float64(s.Leased.Load())/1000, leased)
+		o.ObserveFloat64(leaseTokens, float64(s.Returned.Load())/1000, returned)
+		o.ObserveFloat64(leaseTokens, float64(s.LeaseDropped.Load())/1000, dropped)
+		o.ObserveFloat64(outstanding, float64(s.LeaseOutstanding.Load())/1000)
+		o.ObserveInt64(leaseWrites, int64(s.LeaseWrites.Load()))
+		o.ObserveInt64(contended, int64(s.Contended.Load()))
 		return nil
-	}, rcu, wcu, retries, hits, misses, size, local, coalesced)
+	}, rcu, wcu, retries, hits, misses, size, local, coalesced, leaseTokens, outstanding, leaseWrites, contended)
 	return err
 }
 

@@ -186,6 +186,14 @@ func (b *Backend) goBackground(fn func()) {
 // closeTimeout bounds how long Close spends returning leases.
 const closeTimeout = 5 * time.Second
 
+// LeaseHorizon is the horizon leases are sized for; 0 when leases are off.
+func (b *Backend) LeaseHorizon() time.Duration {
+	if b.leases == nil {
+		return 0
+	}
+	return b.opts.LeaseHorizon
+}
+
 // Stats returns the backend's running totals.
 func (b *Backend) Stats() *Stats { return b.stats }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
@@ -17,18 +18,24 @@ import (
 //
 //	go test -run '^$' -bench DecisionCost -benchtime 200x ./backend/dynamodb/
 //
-// warm: a known bucket with tokens (one UpdateItem, no read); cold: a new
-// entity each time (config records read, bucket created); denied: an
-// exhausted bucket seen within the staleness bound (no call); cascade: a
-// warm child and parent (one transaction).
+// warm: a known bucket with tokens, leases off (one UpdateItem, no read);
+// leased: the same with leases on (most decisions paid from the lease,
+// renewals in the background); cold: a new entity each time (config
+// records read, bucket created); denied: an exhausted bucket seen within
+// the staleness bound (no call); cascade: a warm child and parent, leases
+// off (one transaction).
 func BenchmarkDecisionCost(b *testing.B) {
 	srv := dynamodbtest.Require(b)
 	table := srv.NewTable(b, func(ctx context.Context, c *dynamodb.Client, name string) error {
 		_, err := CreateTable(ctx, c, name)
 		return err
 	})
-	newBackend := func(b *testing.B) *Backend {
-		be, err := New(srv.Client(context.Background()), Options{Table: table, TTLMultiplier: 7})
+	newBackend := func(b *testing.B, leases bool) *Backend {
+		horizon := time.Duration(-1)
+		if leases {
+			horizon = 0 // the default
+		}
+		be, err := New(srv.Client(context.Background()), Options{Table: table, TTLMultiplier: 7, LeaseHorizon: horizon})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -37,26 +44,30 @@ func BenchmarkDecisionCost(b *testing.B) {
 	roomy := []bucket.Limit{{Name: "x", Amount: 1e9 * bucket.Milli, Period: bucket.Second, Burst: 1e9 * bucket.Milli}}
 	tight := []bucket.Limit{{Name: "x", Amount: bucket.Milli, Period: bucket.Hour, Burst: bucket.Milli}}
 	cases := []struct {
-		name string
-		req  func(i int) backend.Request
-		warm bool
+		name         string
+		req          func(i int) backend.Request
+		warm, leases bool
 	}{
 		{"warm", func(int) backend.Request {
 			return backend.Request{Entity: "w", Resource: "r", Defaults: roomy, Hits: 1}
-		}, true},
+		}, true, false},
+		{"leased", func(int) backend.Request {
+			return backend.Request{Entity: "l", Resource: "r", Defaults: roomy, Hits: 1}
+		}, true, true},
 		{"cold", func(i int) backend.Request {
 			return backend.Request{Entity: "c" + strconv.Itoa(i), Resource: "r", Defaults: roomy, Hits: 1}
-		}, false},
+		}, false, false},
 		{"denied", func(int) backend.Request {
 			return backend.Request{Entity: "d", Resource: "r", Defaults: tight, Hits: 1}
-		}, true},
+		}, true, false},
 		{"cascade", func(int) backend.Request {
 			return backend.Request{Entity: "k", Parent: "p", Resource: "r", Defaults: roomy, Hits: 1}
-		}, true},
+		}, true, false},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
-			be := newBackend(b)
+			be := newBackend(b, c.leases)
+			defer be.Close()
 			ctx := context.Background()
 			if c.warm {
 				// Warm up: config cached, bucket known (and, for denied,

@@ -45,6 +45,7 @@ type serveOptions struct {
 	configCacheTTL                time.Duration
 	coalesceWrites                bool
 	denyStaleness                 time.Duration
+	leaseHorizon                  time.Duration
 	memoryMaxBuckets              int
 	shadowMode                    bool
 	responseHeaders               bool
@@ -112,6 +113,7 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.configCacheTTL, "config-cache-ttl", time.Minute, "dynamodb backend: how long limits read from the table are reused; a change reaches the replica within this time")
 	f.BoolVar(&o.coalesceWrites, "coalesce-writes", true, "dynamodb backend: decisions for a bucket that arrive while its write is in flight are decided together and written as one")
 	f.DurationVar(&o.denyStaleness, "deny-staleness", time.Second, "dynamodb backend: deny without calling DynamoDB from a bucket state seen at most this long ago; 0 turns it off")
+	f.DurationVar(&o.leaseHorizon, "lease-horizon", ddb.DefaultLeaseHorizon, "dynamodb backend: how long the tokens a replica leases from a bucket should last at its own demand (most decisions then need no DynamoDB call); 0 turns leases off: every allowed decision writes")
 	f.IntVar(&o.memoryMaxBuckets, "memory-max-buckets", memory.DefaultMaxBuckets, "memory backend: most buckets held; least recently used go first")
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
 	f.BoolVar(&o.responseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to responses")
@@ -335,6 +337,9 @@ func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry, 
 		if o.configCacheTTL <= 0 {
 			return nil, usageError{fmt.Errorf("--config-cache-ttl %v: want a positive duration", o.configCacheTTL)}
 		}
+		if o.leaseHorizon < 0 {
+			return nil, usageError{fmt.Errorf("--lease-horizon %v: want 0 (off) or a positive duration", o.leaseHorizon)}
+		}
 		if o.denyStaleness < 0 {
 			return nil, usageError{fmt.Errorf("--deny-staleness %v: want 0 (off) or a positive duration", o.denyStaleness)}
 		}
@@ -348,7 +353,11 @@ func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry, 
 			return nil, err
 		}
 		opts := ddb.Options{Table: o.table, KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier,
-			ConfigCacheTTL: o.configCacheTTL, MaxDenyStaleness: o.denyStaleness, OnBucketWrite: tel.BucketWritten}
+			ConfigCacheTTL: o.configCacheTTL, MaxDenyStaleness: o.denyStaleness, LeaseHorizon: o.leaseHorizon,
+			OnBucketWrite: tel.BucketWritten}
+		if o.leaseHorizon == 0 {
+			opts.LeaseHorizon = -1 // the backend's "no leases"
+		}
 		if !o.coalesceWrites {
 			opts.MaxBatch = 1
 		}
@@ -533,7 +542,7 @@ func describeOverload(st admission.Stats) overloadView {
 // dynamoDBView shows what the DynamoDB backend has cost so far: calls and
 // failed calls per operation, capacity units consumed, config cache use,
 // writes that lost a race and were recomputed, decisions answered without
-// a call, and decisions that shared another's write.
+// a call, decisions that shared another's write, and the leases.
 type dynamoDBView struct {
 	Calls            map[string]uint64 `json:"calls"`
 	Errors           map[string]uint64 `json:"errors"`
@@ -544,6 +553,20 @@ type dynamoDBView struct {
 	ConditionRetries uint64            `json:"condition_retries"`
 	LocalAnswers     uint64            `json:"local_answers"`
 	Coalesced        uint64            `json:"coalesced_decisions"`
+	Contended        uint64            `json:"contended_denials"`
+	Leases           leaseView         `json:"leases"`
+}
+
+// leaseView shows the tokens this replica has leased from buckets, in
+// tokens: moved into leases, given back, lost, held now; and the writes
+// that leased or gave back.
+type leaseView struct {
+	Horizon     string  `json:"horizon"`
+	Leased      float64 `json:"leased"`
+	Returned    float64 `json:"returned"`
+	Dropped     float64 `json:"dropped"`
+	Outstanding float64 `json:"outstanding"`
+	Writes      uint64  `json:"writes"`
 }
 
 type reloadView struct {
@@ -587,6 +610,11 @@ func (s *server) describe() configView {
 			CacheHits:  st.CacheHits.Load(), CacheMisses: st.CacheMisses.Load(),
 			ConditionRetries: st.ConditionRetries.Load(),
 			LocalAnswers:     st.LocalAnswers.Load(), Coalesced: st.Coalesced.Load(),
+			Contended: st.Contended.Load(),
+			Leases: leaseView{Horizon: d.LeaseHorizon().String(),
+				Leased: float64(st.Leased.Load()) / 1000, Returned: float64(st.Returned.Load()) / 1000,
+				Dropped: float64(st.LeaseDropped.Load()) / 1000, Outstanding: float64(st.LeaseOutstanding.Load()) / 1000,
+				Writes: st.LeaseWrites.Load()},
 		}
 	}
 	for _, r := range cfg.Rules() {

@@ -107,9 +107,9 @@ func (c soakCall) kind() string {
 // slow network, latency past the deadline, a partition, DynamoDB Local
 // killed and restarted, a replica killed (SIGKILL) and restarted, and a
 // broken rule file. Then it reads every bucket back and checks the
-// invariants and that each bucket consumed what callers were admitted,
-// plus at most the decisions whose answer was lost to a fault. It prints a
-// summary. `make soak` runs it longer.
+// invariants and that every token callers were admitted left its bucket
+// (its consumed total). It prints a summary. `make soak` runs it longer,
+// with leases on, as serve runs by default.
 func TestSoak(t *testing.T) {
 	srv := dynamodbtest.RequireOwn(t, dynamodbtest.Options{Dir: memoryDir(t)})
 	awsEnv(t)
@@ -277,8 +277,12 @@ func TestSoak(t *testing.T) {
 	accounted := 0
 	for b, tc := range consumed {
 		accounted++
-		if tc < okHits[b] || tc > okHits[b]+unknownHits[b] {
-			violations = append(violations, fmt.Sprintf("bucket %s consumed %d: callers were admitted %d, and %d more were in flight through faults",
+		// Every admitted token left its bucket first, and was counted
+		// then. Leases (on by default) also count tokens taken ahead and
+		// never spent, returned or lost with a killed replica, so the
+		// total has no upper bound beyond the limits themselves.
+		if tc < okHits[b] {
+			violations = append(violations, fmt.Sprintf("bucket %s consumed %d: callers were admitted %d (%d more were in flight through faults)",
 				b, tc, okHits[b], unknownHits[b]))
 		}
 	}
