@@ -6,8 +6,13 @@ import (
 	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
@@ -306,4 +311,82 @@ func leaseSimulation(t *testing.T, refunds bool, seed uint64) {
 	if found != 4 {
 		t.Fatalf("audit found %d buckets, want a, b, c and org", found)
 	}
+}
+
+// alwaysLoses answers every bucket update, once switched on, as a write
+// that lost its race: with the item as the table holds it, unchanged.
+type alwaysLoses struct {
+	API
+	table string
+	on    atomic.Bool
+}
+
+func (a *alwaysLoses) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	if !a.on.Load() {
+		return a.API.UpdateItem(ctx, in, o...)
+	}
+	out, err := a.API.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(a.table), Key: in.Key, ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return nil, err
+	}
+	return nil, &types.ConditionalCheckFailedException{Message: aws.String("injected: lost the race"), Item: out.Item}
+}
+
+// Lease writes that lose every race (a renewal, a decision folding its
+// lease, a return) change nothing in the table, keep the lease whole,
+// and answer every decision: the last tokens went to someone else, so a
+// decision the lease cannot pay is denied, never failed.
+func TestLeaseWritesThatAlwaysLose(t *testing.T) {
+	e := newEnv(t)
+	api := &alwaysLoses{API: e.client, table: e.table}
+	b := e.replica(t, Options{MaxAttempts: 3}, api)
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 100)}, Hits: 1}
+	for range 30 {
+		e.clock.advance(10)
+		mustDecide(t, b, req)
+		waitBackground(t, b)
+	}
+	held := b.Stats().LeaseOutstanding.Load()
+	if held == 0 {
+		t.Fatal("no lease taken")
+	}
+	before := e.tokensIn(t, b, "e", "r", "x")
+	api.on.Store(true)
+	allowed, denied := 0, 0
+	for range int(held/bucket.Milli) + 20 {
+		e.clock.advance(10)
+		d := mustDecide(t, b, req)
+		if d.Allowed {
+			allowed++
+		} else {
+			denied++
+		}
+		waitBackground(t, b)
+	}
+	t.Logf("lease of %d: %d allowed, %d denied, %d contended", held/bucket.Milli, allowed, denied, b.Stats().Contended.Load())
+	if int64(allowed) != held/bucket.Milli || denied != 20 || b.Stats().Contended.Load() == 0 {
+		t.Errorf("with every write lost: %d allowed (the lease held %d), %d denied", allowed, held/bucket.Milli, denied)
+	}
+	if got := e.tokensIn(t, b, "e", "r", "x"); got != before {
+		t.Errorf("the table went from %d to %d millitokens though every write lost", before, got)
+	}
+	if err := b.Close(); err != nil {
+		t.Errorf("Close with an empty lease: %v", err)
+	}
+	if v := e.audit(t); len(v) > 0 {
+		t.Errorf("violations: %v", v)
+	}
+}
+
+// audit lists every invariant any bucket of the table breaks.
+func (e *env) audit(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	if err := e.admin(t, "").AllBuckets(t.Context(), func(bk Bucket) error {
+		out = append(out, bk.Violations(e.clock.now(), 0)...)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
