@@ -280,7 +280,9 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if len(ts) == 0 {
 		return backend.NotLimited(), nil
 	}
-	if b.leases != nil && !req.Refund && req.Hits > 0 {
+	// A check (no hits) on a leased bucket is answered here too, so that
+	// its remaining count includes the lease like any other answer's.
+	if b.leases != nil && !req.Refund {
 		if d, ok := b.spend(ts, req, level); ok {
 			return d, nil
 		}
