@@ -57,7 +57,7 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 	leaseWrites, err11 := m.Int64ObservableCounter("sluice.dynamodb.lease_writes", metric.WithUnit("{write}"),
 		metric.WithDescription("Bucket writes that granted lease tokens or gave them back."))
 	contended, err12 := m.Int64ObservableCounter("sluice.dynamodb.contended_denials", metric.WithUnit("{decision}"),
-		metric.WithDescription("Decisions denied because their write lost every race for the bucket's last tokens to other replicas."))
+		metric.WithDescription("Decisions denied because their write lost every race on a bucket near its limit: other replicas took its last tokens first."))
 	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11, err12} {
 		if err != nil {
 			return err

@@ -539,7 +539,11 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 		b.stats.ConditionRetries.Add(1)
 		if attempt >= b.opts.MaxAttempts {
 			b.unfold(ts, fold, true)
-			b.contended(ts, live, now)
+			if nearLimit(ts, now) {
+				b.contended(ts, live, now)
+				return
+			}
+			fail(live, fmt.Errorf("bucket %q/%q: gave up after %d contended writes", ts[0].key.entity, ts[0].key.resource, attempt))
 			return
 		}
 		// The first retry starts at once from the state the race returned;
@@ -663,8 +667,27 @@ func satAdd(a, b int64) int64 {
 	return a + b
 }
 
-// contended answers the calls of a batch whose write lost every race:
-// the bucket is at its limit and other replicas got the tokens first.
+// nearLimit reports whether some limit of ts, as the table last
+// returned it and refilled to now, holds less than a tenth of its burst:
+// writes that keep losing there lose to other replicas taking the last
+// tokens. Far from its limit they lose to sheer contention (leases off),
+// and giving up is an error for the failure policy, not a denial.
+func nearLimit(ts []target, now int64) bool {
+	for i := range ts {
+		if ts[i].item == nil {
+			continue
+		}
+		for _, l := range ts[i].res.Limits {
+			if s, ok := ts[i].item.stateOf(l.Name); ok && bucket.Refill(l, s, now).Tokens < l.Burst/10 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// contended answers the calls of a batch whose write lost every race
+// near the limit: other replicas got the last tokens first.
 // Each is denied, with the time its cost takes to refill as the wait:
 // the fleet stays within its bound, and every call gets a decision.
 func (b *Backend) contended(ts []target, calls []*call, now int64) {

@@ -24,7 +24,8 @@ type Stats struct {
 	// another decision of the same batch made.
 	Coalesced atomic.Uint64
 	// Contended counts decisions denied because their write lost every
-	// race for the bucket's last tokens to other replicas.
+	// race on a bucket near its limit: other replicas took its last
+	// tokens first.
 	Contended atomic.Uint64
 	// Leased and Returned count the millitokens moved into this replica's
 	// leases and back into buckets; LeaseDropped those lost on the way (a
