@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"math"
 	"net/http/httptest"
 	"runtime"
 	"strings"
@@ -177,6 +178,54 @@ func TestRunRequestBound(t *testing.T) {
 	}
 }
 
+// An open loop sends calls at its rate, not as fast as they are
+// answered: against a server that answers at once, 200 calls at 200/s
+// take a second, every one of them is sent, and none is dropped.
+func TestRunOpenLoopKeepsItsPace(t *testing.T) {
+	srv := &countingServer{}
+	addr := serve(t, srv)
+	const rate = 200
+	r, err := Run(t.Context(), Config{Addrs: []string{addr}, Concurrency: 4, Conns: 1, Rate: rate, Duration: time.Second, Workload: SingleKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Scheduled != rate || r.Requests != rate || r.OK != rate || r.Dropped != 0 {
+		t.Fatalf("%+v: want %d calls due, all sent and answered", r, rate)
+	}
+	if n := srv.calls.Load() - 1; n != rate { // less the connection's probe
+		t.Fatalf("the server answered %d calls, want %d", n, rate)
+	}
+	// Call n is due at n/rate: a closed loop would be done in
+	// milliseconds.
+	if min := time.Duration(rate-1) * time.Second / rate; r.Elapsed < min {
+		t.Fatalf("200 calls at %d/s took %v, want at least %v", rate, r.Elapsed, min)
+	}
+}
+
+// When the target cannot keep up, an open loop charges it for the queue:
+// a call's latency runs from when it was due, calls sent behind time
+// count as late, and calls that came due while every worker was busy
+// until the end count as dropped. One worker against a 50 ms server,
+// 100 calls/s: about one in five is sent at all.
+func TestRunOpenLoopChargesTheQueue(t *testing.T) {
+	addr := serve(t, sleepyServer{delay: 50 * time.Millisecond})
+	r, err := Run(t.Context(), Config{Addrs: []string{addr}, Concurrency: 1, Conns: 1, Rate: 100, Duration: 500 * time.Millisecond, Workload: SingleKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Scheduled != 50 || r.Requests+r.Dropped != r.Scheduled || r.Requests > 11 || r.Dropped == 0 {
+		t.Fatalf("%+v: want 50 calls due, at most 11 sent, the rest dropped", r)
+	}
+	if r.Late < r.Requests-1 {
+		t.Fatalf("%d of %d calls late: every call but the first should be", r.Late, r.Requests)
+	}
+	// The last call sent was due near the start and answered near the
+	// end: its latency is the queue's, far above the server's 50 ms.
+	if r.Max < 250*time.Millisecond {
+		t.Fatalf("slowest call %v: latency is not counted from when calls were due", r.Max)
+	}
+}
+
 // TestRunCancel checks that cancelling the context ends a long run early.
 func TestRunCancel(t *testing.T) {
 	addr := serve(t, NoopServer{})
@@ -210,6 +259,8 @@ func TestRunRejects(t *testing.T) {
 			"https"},
 		"one remote":       {Config{Addrs: []string{"127.0.0.1:1", "192.0.2.1:8081"}, Duration: time.Second, Workload: SingleKey()}, "only loopback"},
 		"negative timeout": {Config{Addrs: []string{"127.0.0.1:1"}, Timeout: -time.Second, Duration: time.Second, Workload: SingleKey()}, "timeout -1s"},
+		"negative rate":    {Config{Addrs: []string{"127.0.0.1:1"}, Rate: -1, Duration: time.Second, Workload: SingleKey()}, "rate -1"},
+		"NaN rate":         {Config{Addrs: []string{"127.0.0.1:1"}, Rate: math.NaN(), Duration: time.Second, Workload: SingleKey()}, "rate NaN"},
 		"no target":        {Config{Duration: time.Second, Workload: SingleKey()}, "no target address"},
 	} {
 		if _, err := Run(t.Context(), c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {

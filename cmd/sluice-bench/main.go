@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"os/signal"
 	"runtime"
@@ -55,6 +56,7 @@ type options struct {
 	overLimit              float64
 	rounds                 int
 	concurrency, conns     int
+	rate                   float64
 	keys                   int
 	dist                   bench.Distribution
 	hot, zipfS             float64
@@ -133,7 +135,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 
 Each run is a closed loop: -concurrency workers over -conns gRPC
 connections per target, each sending its next ShouldRateLimit call as soon
-as the last is answered, for -duration after -warmup.
+as the last is answered, for -duration after -warmup. With -rate it is an
+open loop instead: calls are due at a steady pace, at most -concurrency in
+flight, and each call's latency runs from when it was due.
 
 Flags:
 `)
@@ -146,7 +150,8 @@ Flags:
 	fs.Func("over-descriptor", "a `key=value` entry of the descriptor the -over-limit share of calls carries instead; repeat for more entries (compare mode: "+bench.OverKey+"=x)", entryFlag(&o.over))
 	fs.Float64Var(&o.overLimit, "over-limit", 0, "share of calls, 0 to 1, that carry -over-descriptor, which the rules give a tiny limit")
 	fs.IntVar(&o.rounds, "rounds", 5, "compare mode: rounds, each running both servers")
-	fs.IntVar(&o.concurrency, "concurrency", bench.DefaultConcurrency, "concurrent callers (goroutines)")
+	fs.IntVar(&o.concurrency, "concurrency", bench.DefaultConcurrency, "concurrent callers (goroutines); with -rate, the most calls in flight")
+	fs.Float64Var(&o.rate, "rate", 0, "with -addr: an open loop offering this many `calls/s` at a steady pace; 0 for a closed loop")
 	fs.IntVar(&o.conns, "conns", bench.DefaultConns, "gRPC connections per target; the callers take all of them round-robin")
 	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measured time per run (per server per round)")
 	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured load before each run; 0 for none")
@@ -187,6 +192,10 @@ Flags:
 		return o, fmt.Errorf("-rounds %d: want at least 1", o.rounds)
 	case o.concurrency < 1 || o.conns < 1 || o.keys < 1:
 		return o, errors.New("-concurrency, -conns and -keys must be at least 1")
+	case !(o.rate >= 0) || math.IsInf(o.rate, 1):
+		return o, fmt.Errorf("-rate %v: want 0 (a closed loop) or a finite number of calls per second", o.rate)
+	case !driving && o.rate > 0:
+		return o, errors.New("-rate goes with -addr: compare mode measures what each server sustains, in a closed loop")
 	case o.duration <= 0:
 		return o, fmt.Errorf("-duration %v: want a positive duration", o.duration)
 	case o.timeout < 0:
@@ -249,15 +258,19 @@ func (o options) config(addrs, metrics []string, w bench.Workload) bench.Config 
 	w.Dist, w.Keys, w.HotFraction, w.ZipfS = o.dist, o.keys, o.hot, o.zipfS
 	w.Over, w.OverFraction = o.over, o.overLimit
 	return bench.Config{
-		Addrs: addrs, Metrics: metrics, Concurrency: o.concurrency, Conns: o.conns,
+		Addrs: addrs, Metrics: metrics, Concurrency: o.concurrency, Conns: o.conns, Rate: o.rate,
 		Duration: o.duration, Requests: o.requests, Warmup: o.warmup, Timeout: o.timeout,
 		Workload: w,
 	}
 }
 
 func (o options) describe(w io.Writer) {
-	fmt.Fprintf(w, "load: concurrency %d, %d conns per target, %v per run after %v warmup, keys %d (%v",
-		o.concurrency, o.conns, o.duration, o.warmup, o.keys, o.dist)
+	loop := fmt.Sprintf("closed loop, concurrency %d", o.concurrency)
+	if o.rate > 0 {
+		loop = fmt.Sprintf("open loop at %g calls/s, at most %d in flight", o.rate, o.concurrency)
+	}
+	fmt.Fprintf(w, "load: %s, %d conns per target, %v per run after %v warmup, keys %d (%v",
+		loop, o.conns, o.duration, o.warmup, o.keys, o.dist)
 	switch o.dist {
 	case bench.Hot:
 		fmt.Fprintf(w, " %g", o.hot)
@@ -298,6 +311,10 @@ func (o options) drive(ctx context.Context, out output) error {
 	header(w)
 	row(w, "-", "sluice", r)
 	errorSummary(w, "", r)
+	if o.rate > 0 {
+		fmt.Fprintf(w, "open loop: %d calls due, %d sent late (over %v behind), %d dropped (every caller busy); latency counts from when each was due\n",
+			r.Scheduled, r.Late, bench.LateAfter, r.Dropped)
+	}
 	if err != nil {
 		return err
 	}
@@ -444,6 +461,8 @@ func usage(w io.Writer, r bench.Result, u bench.Usage) {
 	line("condition retries", count(u.ConditionRetries), "")
 	line("local answers", count(u.LocalAnswers), "")
 	line("coalesced decisions", count(u.CoalescedDecisions), "")
+	line("lease writes", count(u.LeaseWrites), "renewals and returns in the background, part of the writes")
+	line("contended denials", count(u.ContendedDenials), "lost every write race near the limit")
 	line("dynamodb calls per decision", per(u.CallsPerDecision), "")
 	line("RCU per decision", per(u.RCUPerDecision), "")
 	line("WCU per decision", per(u.WCUPerDecision), "")
@@ -478,7 +497,11 @@ type record struct {
 	FirstError   string            `json:"first_error,omitempty"`
 	OK           uint64            `json:"ok"`
 	OverLimit    uint64            `json:"over_limit"`
-	Elapsed      float64           `json:"elapsed_seconds"`
+	// Open loop only (config.rate > 0): calls due, sent late, dropped.
+	Scheduled uint64  `json:"scheduled,omitempty"`
+	Late      uint64  `json:"late,omitempty"`
+	Dropped   uint64  `json:"dropped,omitempty"`
+	Elapsed   float64 `json:"elapsed_seconds"`
 	// Throughput counts answered calls, each one decision of one
 	// descriptor.
 	Throughput float64      `json:"decisions_per_second"`
@@ -501,6 +524,7 @@ type recordConfig struct {
 	OverLimit      float64  `json:"over_limit"`
 	Rounds         int      `json:"rounds,omitempty"`
 	Concurrency    int      `json:"concurrency"`
+	Rate           float64  `json:"rate"`
 	Conns          int      `json:"conns"`
 	Duration       string   `json:"duration"`
 	Warmup         string   `json:"warmup"`
@@ -525,7 +549,7 @@ func (o options) record(out output, start time.Time, round int, server string, r
 	c := recordConfig{
 		Args: o.args, Mode: "compare", Addrs: o.addrs, MetricsURLs: o.metrics, Domain: o.domain,
 		Descriptor: entries(o.entries), OverDescriptor: entries(o.over), OverLimit: o.overLimit,
-		Rounds: o.rounds, Concurrency: o.concurrency, Conns: o.conns,
+		Rounds: o.rounds, Concurrency: o.concurrency, Rate: o.rate, Conns: o.conns,
 		Duration: o.duration.String(), Warmup: o.warmup.String(), Timeout: o.timeout.String(),
 		Requests: o.requests, Keys: o.keys, Dist: o.dist.String(), Hot: o.hot, ZipfS: o.zipfS,
 		GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, GOMAXPROCS: runtime.GOMAXPROCS(0),
@@ -537,7 +561,7 @@ func (o options) record(out output, start time.Time, round int, server string, r
 	rec := record{
 		Time: start.UTC(), Config: c, Round: round, Server: server,
 		Requests: r.Requests, Errors: r.Errors, ErrorsByCode: errorCodes(r),
-		OK: r.OK, OverLimit: r.OverLimit, Elapsed: r.Elapsed.Seconds(), Throughput: r.Throughput,
+		OK: r.OK, OverLimit: r.OverLimit, Scheduled: r.Scheduled, Late: r.Late, Dropped: r.Dropped, Elapsed: r.Elapsed.Seconds(), Throughput: r.Throughput,
 		P50: us(r.P50), P99: us(r.P99), P999: us(r.P999), Max: us(r.Max),
 		Metrics: r.Usage,
 	}

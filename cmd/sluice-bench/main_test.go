@@ -43,6 +43,9 @@ func TestParseFlags(t *testing.T) {
 		"negative timeout":             {"-timeout", "-1s"},
 		"empty addr item":              slices.Concat(drive, []string{"-addr", "127.0.0.1:1,"}),
 		"rounds with addr":             slices.Concat(drive, []string{"-rounds", "3"}),
+		"negative rate":                slices.Concat(drive, []string{"-rate", "-5"}),
+		"infinite rate":                slices.Concat(drive, []string{"-rate", "+Inf"}),
+		"rate in compare mode":         {"-rate", "100"},
 	} {
 		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%s: %q accepted", name, args)
@@ -53,22 +56,10 @@ func TestParseFlags(t *testing.T) {
 // TestDriveJSON runs the command against an in-process Sluice with its
 // /metrics and checks the JSON record and the metrics block.
 func TestDriveJSON(t *testing.T) {
-	m, err := bench.NewMemoryService(bench.RulesYAML, memory.Options{TTLMultiplier: backend.DefaultTTLMultiplier})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
-	addr, stop, err := bench.Serve(m.Service, m.ServerOptions...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = stop() })
-	page := httptest.NewServer(m.Metrics)
-	t.Cleanup(page.Close)
-
+	addr, metrics := memoryTarget(t)
 	var stdout, stderr bytes.Buffer
 	code := run(t.Context(), []string{
-		"-addr", addr, "-metrics", page.URL + "/metrics", "-domain", bench.Domain, "-descriptor", bench.Key + "=k",
+		"-addr", addr, "-metrics", metrics, "-domain", bench.Domain, "-descriptor", bench.Key + "=k",
 		"-over-limit", "0.5", "-over-descriptor", bench.OverKey + "=x", "-keys", "10", "-dist", "zipf",
 		"-concurrency", "4", "-conns", "1", "-requests", "300", "-duration", "1m", "-warmup", "0", "-json",
 	}, &stdout, &stderr)
@@ -97,6 +88,50 @@ func TestDriveJSON(t *testing.T) {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("report on stderr lacks %q:\n%s", want, stderr.String())
 		}
+	}
+}
+
+// memoryTarget serves Sluice on the memory backend with the benchmark
+// rules, and its /metrics, for the length of t.
+func memoryTarget(t *testing.T) (addr, metrics string) {
+	t.Helper()
+	m, err := bench.NewMemoryService(bench.RulesYAML, memory.Options{TTLMultiplier: backend.DefaultTTLMultiplier})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	addr, stop, err := bench.Serve(m.Service, m.ServerOptions...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = stop() })
+	page := httptest.NewServer(m.Metrics)
+	t.Cleanup(page.Close)
+	return addr, page.URL + "/metrics"
+}
+
+// With -rate the run is an open loop, and its record says how many calls
+// came due, how many were late and how many were dropped.
+func TestDriveOpenLoopJSON(t *testing.T) {
+	addr, metrics := memoryTarget(t)
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{
+		"-addr", addr, "-metrics", metrics, "-domain", bench.Domain, "-descriptor", bench.Key + "=k",
+		"-rate", "500", "-duration", "400ms", "-warmup", "0", "-concurrency", "8", "-conns", "1", "-json",
+	}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	var rec record
+	if err := json.NewDecoder(&stdout).Decode(&rec); err != nil {
+		t.Fatalf("stdout is not a JSON record: %v\n%s", err, stdout.String())
+	}
+	if rec.Config.Rate != 500 || rec.Scheduled != 200 || rec.Requests+rec.Dropped != 200 || rec.Metrics == nil ||
+		rec.Metrics.Decisions != float64(rec.OK+rec.OverLimit) {
+		t.Fatalf("record %+v: want 200 calls due at 500/s over 400ms, each sent or dropped, each sent one decision", rec)
+	}
+	if !strings.Contains(stderr.String(), "open loop at 500 calls/s") || !strings.Contains(stderr.String(), "200 calls due") {
+		t.Errorf("report on stderr does not describe the open loop:\n%s", stderr.String())
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 type Proxy struct {
 	ln     net.Listener
 	target string
-	delay  atomic.Int64 // nanoseconds added before each chunk sent to the target
+	delay  atomic.Int64 // nanoseconds each chunk sent to the target is held
 
 	mu          sync.Mutex
 	conns       map[net.Conn]struct{} // client sides of every live connection
@@ -43,8 +43,9 @@ func NewProxy(target string) (*Proxy, error) {
 // Endpoint is the proxy's URL, for BaseEndpoint or --endpoint.
 func (p *Proxy) Endpoint() string { return "http://" + p.ln.Addr().String() }
 
-// SetDelay makes every chunk a client sends wait d before it is passed
-// on, so each request takes at least d longer; 0 removes the delay.
+// SetDelay holds everything a client sends for d before passing it on,
+// as a link d long would, so each request takes d longer; 0 removes the
+// delay.
 func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(d)) }
 
 // Partition cuts every open connection and, until Heal, accepts new ones
@@ -147,20 +148,38 @@ func (p *Proxy) forward(c net.Conn) {
 	<-done
 }
 
+// copyDelayed passes what src sends on to dst, each chunk the delay after
+// it arrived, as a link with that latency would: a request that arrives
+// in several chunks is late by the delay once, not once per chunk.
 func (p *Proxy) copyDelayed(dst io.Writer, src io.Reader) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if d := time.Duration(p.delay.Load()); d > 0 {
-				time.Sleep(d)
+	type chunk struct {
+		data []byte
+		due  time.Time
+	}
+	chunks := make(chan chunk, 64)
+	go func() {
+		defer close(chunks)
+		for {
+			buf := make([]byte, 32<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				chunks <- chunk{buf[:n], time.Now().Add(time.Duration(p.delay.Load()))}
 			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			if err != nil {
 				return
 			}
 		}
-		if err != nil {
-			return
+	}()
+	failed := false
+	for c := range chunks {
+		if failed {
+			continue // drain, so the reader is not left blocked
+		}
+		if wait := time.Until(c.due); wait > 0 {
+			time.Sleep(wait)
+		}
+		if _, err := dst.Write(c.data); err != nil {
+			failed = true
 		}
 	}
 }
