@@ -31,8 +31,9 @@ const (
 	// MetricCoalesced counts decisions whose tokens another decision's
 	// write carried: decisions that shared one UpdateItem.
 	MetricCoalesced = "sluice_dynamodb_coalesced_decisions_total"
-	// MetricLeaseWrites counts the writes that renew or return a lease
-	// in the background, which no decision waits for.
+	// MetricLeaseWrites counts the bucket writes that granted lease
+	// tokens or gave them back: a decision's write that also took a
+	// lease, and the renewals and returns made in the background.
 	MetricLeaseWrites = "sluice_dynamodb_lease_writes_total"
 	// MetricContended counts calls denied because their write lost
 	// every race near the bucket's limit.
@@ -171,8 +172,8 @@ type Usage struct {
 	ConditionRetries   *float64 `json:"condition_retries"`
 	LocalAnswers       *float64 `json:"local_answers"`
 	CoalescedDecisions *float64 `json:"coalesced_decisions"`
-	// LeaseWrites counts the background writes that renewed or returned
-	// leases (part of Writes); ContendedDenials the calls denied after
+	// LeaseWrites counts the writes that granted or gave back lease
+	// tokens (part of Writes); ContendedDenials the calls denied after
 	// losing every write race near the limit.
 	LeaseWrites      *float64 `json:"lease_writes"`
 	ContendedDenials *float64 `json:"contended_denials"`

@@ -461,7 +461,7 @@ func usage(w io.Writer, r bench.Result, u bench.Usage) {
 	line("condition retries", count(u.ConditionRetries), "")
 	line("local answers", count(u.LocalAnswers), "")
 	line("coalesced decisions", count(u.CoalescedDecisions), "")
-	line("lease writes", count(u.LeaseWrites), "renewals and returns in the background, part of the writes")
+	line("lease writes", count(u.LeaseWrites), "granted or gave back lease tokens, part of the writes")
 	line("contended denials", count(u.ContendedDenials), "lost every write race near the limit")
 	line("dynamodb calls per decision", per(u.CallsPerDecision), "")
 	line("RCU per decision", per(u.RCUPerDecision), "")
