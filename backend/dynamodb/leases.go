@@ -58,6 +58,10 @@ type holding struct {
 	fleet   []lease.Counter // the fleet's taking (the item's tc), per limit
 	expires int64           // ms: from then on the tokens are only returned
 	used    int64           // ms: the last spend or grant
+	// othersAt is when (ms) a write of this replica last found that
+	// another writer had taken tokens from the bucket since the state the
+	// write started from: the item is shared, and kept alive by others.
+	othersAt int64
 	// busy: a renewal or return of this lease is under way; no second
 	// one starts.
 	busy bool
@@ -277,6 +281,15 @@ func (ls *leases) credit(t *target, now int64) {
 		}
 		h.align(t.res, t.fp)
 	}
+	if !t.refund && t.item != nil && t.item.cfg == t.fp {
+		// The write left each limit's consumed total at what this
+		// replica computed (t.states), unless others added to it.
+		for j, l := range t.res.Limits {
+			if s, ok := t.item.stateOf(l.Name); ok && s.Consumed > t.states[j].Consumed {
+				h.othersAt = now
+			}
+		}
+	}
 	h.item = t.item
 	if sum == 0 {
 		return
@@ -289,6 +302,18 @@ func (ls *leases) credit(t *target, now int64) {
 	h.used = max(h.used, now)
 	ls.stats.Leased.Add(uint64(sum))
 	ls.stats.LeaseOutstanding.Add(sum)
+}
+
+// sharedSince reports whether this replica's writes have found another
+// writer on k's bucket at or after since (ms).
+func (ls *leases) sharedSince(k bucketKey, since int64) bool {
+	h := ls.get(k)
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.othersAt > 0 && h.othersAt >= since
 }
 
 // due lists the leases to return at now (idle for a horizon, or expired)

@@ -398,3 +398,49 @@ func (e *env) audit(t *testing.T) []string {
 	}
 	return out
 }
+
+// A replica's copy of a bucket that other replicas keep writing goes past
+// its TTL while the item itself stays alive. The replica's next write is
+// planned on the item, not as a new one: one call, no lost race. A
+// replica alone on a bucket still creates it anew after its TTL, in one
+// call too.
+func TestStaleCopyOfSharedBucketWrittenInOneCall(t *testing.T) {
+	e := newEnv(t)
+	a, b := e.replica(t, Options{}), e.replica(t, Options{})
+	// 1000/s: full again within a second, so its TTL is 7 s.
+	one := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1000/s", 0)}, Hits: 1}
+	// Each request below costs more than every lease holds (a lease is
+	// about what its replica spent lately): each is a write.
+	hits := func(n uint64) backend.Request { r := one; r.Hits = n; return r }
+	mustDecide(t, a, one)
+	mustDecide(t, b, one) // b's first write finds a's item
+	e.clock.advance(100)
+	mustDecide(t, a, hits(10)) // a's write finds b's tokens taken: shared
+	e.clock.advance(5_000)
+	mustDecide(t, b, hits(10)) // keeps the item alive past a's copy's TTL
+	e.clock.advance(4_000)
+
+	before, retries := writes(a), a.Stats().ConditionRetries.Load()
+	if d := mustDecide(t, a, hits(100)); !d.Allowed {
+		t.Fatalf("denied: %+v", d)
+	}
+	if w, r := writes(a)-before, a.Stats().ConditionRetries.Load()-retries; w != 1 || r != 0 {
+		t.Fatalf("a stale copy of a shared bucket took %d writes and %d lost races, want 1 and 0", w, r)
+	}
+
+	// Alone: the copy is the item, and it has expired.
+	solo := backend.Request{Entity: "solo", Resource: "r", Defaults: one.Defaults, Hits: 5}
+	mustDecide(t, a, solo)
+	e.clock.advance(9_000)
+	calls, _ := a.Stats().Calls()
+	puts, retries := calls["PutItem"], a.Stats().ConditionRetries.Load()
+	solo.Hits = 50
+	mustDecide(t, a, solo)
+	calls, _ = a.Stats().Calls()
+	if p, r := calls["PutItem"]-puts, a.Stats().ConditionRetries.Load()-retries; p != 1 || r != 0 {
+		t.Fatalf("an expired bucket of one replica: %d creates and %d lost races, want 1 and 0", p, r)
+	}
+	if v := e.audit(t); len(v) > 0 {
+		t.Fatalf("violations: %v", v)
+	}
+}

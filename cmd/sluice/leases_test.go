@@ -70,7 +70,7 @@ func TestServeLeases(t *testing.T) {
 			if writes > n/4 || leased == 0 || got[`sluice_dynamodb_local_answers_total{}`] < n/2 {
 				t.Errorf("with leases: %v writes, %v leased for %d decisions\n%s", writes, leased, n, raw)
 			}
-			if v := s.describe().DynamoDB; v == nil || v.Leases.Horizon != "10s" || v.Leases.Leased == 0 {
+			if v := s.describe().DynamoDB; v == nil || v.Leases.Horizon != "30s" || v.Leases.Leased == 0 {
 				t.Errorf("/debug/config shows no leases: %+v", v)
 			}
 			checkMetricsDocumented(t, got, true)
