@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # matrix.sh: the DynamoDB runs of BENCHMARKS.md, side by side in one go.
 #
-# For each load (uniform, zipf, hot key, denied flood, hot key at its
-# limit), it runs bench/fleet.sh once per serve configuration, one after
-# the other: Sluice as it ships, then with write coalescing off, then
-# with local denial off. Every run is a fresh DynamoDB Local and a fresh
-# fleet of REPLICAS replicas (default 3), so no run inherits another's
-# buckets or caches. Each run's JSON goes to OUT (default
+# For each load (by default uniform, zipf, hot key, denied flood, hot key
+# at its limit), it runs bench/fleet.sh once per serve configuration, one
+# after the other (by default Sluice as it ships, then with write
+# coalescing off, then with local denial off; also no-leases, and memory:
+# the memory backend). Every run is a fresh DynamoDB Local and a fresh
+# fleet of REPLICAS replicas (default 3; some loads set their own), so no
+# run inherits another's buckets or caches. The lease targets of
+# BENCHMARKS.md section 3:
+#
+#   DYNAMODB_DELAY=5ms LOADS="zipf-open zipf-48 hot-6 at-limit-600 warm-1" \
+#     CONFIGS="shipped no-leases" bench/matrix.sh
+#   LOADS=warm-1 CONFIGS=memory bench/matrix.sh Each run's JSON goes to OUT (default
 # bench/results/matrix-<time>.jsonl) with the load and configuration
 # added, and the summary table is printed at the end
 # (bench/summarize.py OUT prints it again).
@@ -28,23 +34,43 @@ declare -A load_args=(
 	[hot]="-descriptor bench_key=h -concurrency 200"
 	[flood]="-descriptor bench_key=f -over-limit 1 -over-descriptor bench_over=flood -concurrency 64"
 	[at-limit]="-descriptor bench_hot=a -concurrency 200 -warmup 0"
+	# The loads of the lease targets (BENCHMARKS.md section 3). A lease
+	# grows with the demand its replica has seen over a horizon (30 s),
+	# so the many-key loads warm up for two horizons.
+	[zipf-open]="-descriptor bench_key=z -keys 300 -dist zipf -rate 1000 -concurrency 64 -warmup 60s"
+	[zipf-48]="-descriptor bench_key=z -keys 300 -dist zipf -concurrency 48 -warmup 60s"
+	[hot-6]="-descriptor bench_key=h -concurrency 200"
+	[at-limit-600]="-descriptor bench_hot=a -concurrency 600 -warmup 0"
+	[warm-1]="-descriptor bench_key=w -concurrency 64"
+)
+# Replicas per load, where it is not REPLICAS (default 3).
+declare -A load_replicas=(
+	[hot-6]=6
+	[warm-1]=1
 )
 declare -A config_args=(
 	[shipped]=""
 	[no-coalescing]="--coalesce-writes=false"
 	[no-local-denial]="--deny-staleness 0"
+	[no-leases]="--lease-horizon 0"
+	[memory]=""
 )
 loads=${LOADS:-uniform zipf hot flood at-limit}
 configs=${CONFIGS:-shipped no-coalescing no-local-denial}
 
 for load in $loads; do
 	for config in $configs; do
-		echo "matrix.sh: $load, $config" >&2
+		replicas=${load_replicas[$load]:-${REPLICAS:-3}}
+		backend=dynamodb delay=${DYNAMODB_DELAY:-0}
+		if [[ $config == memory ]]; then
+			backend=memory delay=0
+		fi
+		echo "matrix.sh: $load, $config, $replicas replica(s)" >&2
 		# shellcheck disable=SC2086 # the argument lists are word lists
-		SERVE_ARGS="${config_args[$config]}" bench/fleet.sh -domain bench -duration "$duration" -warmup "$warmup" \
-			${load_args[$load]} -json |
-			python3 -c 'import json,sys; [print(json.dumps(dict(json.loads(l), load=sys.argv[1], serve=sys.argv[2], serve_args=sys.argv[3]))) for l in sys.stdin if l.strip()]' \
-				"$load" "$config" "${config_args[$config]}" >>"$out"
+		REPLICAS=$replicas BACKEND=$backend DYNAMODB_DELAY=$delay SERVE_ARGS="${config_args[$config]}" \
+			bench/fleet.sh -domain bench -duration "$duration" -warmup "$warmup" ${load_args[$load]} -json |
+			python3 -c 'import json,sys; [print(json.dumps(dict(json.loads(l), load=sys.argv[1], serve=sys.argv[2], serve_args=sys.argv[3], replicas=int(sys.argv[4]), dynamodb_delay=sys.argv[5]))) for l in sys.stdin if l.strip()]' \
+				"$load" "$config" "${config_args[$config]}" "$replicas" "$delay" >>"$out"
 	done
 done
 echo "matrix.sh: results in $out" >&2
