@@ -4,6 +4,9 @@ import json
 import sys
 
 # DynamoDB on-demand write request units, us-east-1: dollars per million.
+# A bucket item is under 1 KB, so each write is one unit, and a write whose
+# condition fails is billed too: dollars go by writes, not by the units
+# DynamoDB Local reports for the writes that succeeded.
 DOLLARS_PER_MILLION_WRITES = 0.625
 
 
@@ -25,7 +28,7 @@ def main(path):
         writes = m.get("dynamodb_writes")
         wpd = writes / decisions if writes is not None and decisions else None
         wcu = m.get("wcu_per_decision")
-        dollars = wcu * DOLLARS_PER_MILLION_WRITES if wcu is not None else None
+        dollars = wpd * DOLLARS_PER_MILLION_WRITES if wpd is not None else None
         local = m.get("local_answers")
         local_share = local / decisions if local is not None and decisions else None
         print("| {} | {} | {} | {} | {} | {:.0f} | {:.1f} ms | {:.1f} ms | {:.1f} ms | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
