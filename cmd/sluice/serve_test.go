@@ -447,8 +447,15 @@ func TestShutdownDrainsInFlightCalls(t *testing.T) {
 	if code, _ := get(t, readyURL); code != http.StatusServiceUnavailable {
 		t.Errorf("/readyz during the drain: %d, want 503", code)
 	}
-	if _, err := c.ShouldRateLimit(context.Background(), req(99)); status.Code(err) != codes.Unavailable {
-		t.Errorf("a new call during the drain: %v, want UNAVAILABLE", err)
+	// A new call is not served. It is refused (UNAVAILABLE) at once,
+	// unless the client took the drain's GOAWAY first, reconnects and
+	// waits: beside two busy loops it then waited until the drain's
+	// timeout closed everything, taking the in-flight calls with it. So
+	// it gets a second, well inside the drain.
+	probe, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := c.ShouldRateLimit(probe, req(99)); status.Code(err) != codes.Unavailable && status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("a new call during the drain: %v, want it refused (UNAVAILABLE) or never answered", err)
 	}
 	releaseAll()
 	for range inFlight {
