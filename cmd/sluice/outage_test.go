@@ -28,6 +28,10 @@ import (
 // shorter than an outage.
 const outageDeadline = 500 * time.Millisecond
 
+// outageWorkers is how many callers the outage tests run: a stall of
+// DynamoDB Local holds at most this many calls at once.
+const outageWorkers = 8
+
 // rulesHigh limits each address far above what any test sends, so that
 // a backend's capacity or health binds, never a limit: every normal answer
 // is OK with the limit attached, and the failure policy's answers (which
@@ -256,8 +260,10 @@ func checkPolicy(t *testing.T, what, policy string, answers []answer) {
 // returned were decided normally, as they were before the fault: all
 // but the few caught in one of DynamoDB Local's own stalls (a JVM pause
 // now and then holds every call in flight for the whole deadline; the
-// failure policy answers those in time, which checkAnswered checks). It
-// reports the first normal answer's delay.
+// failure policy answers those in time, which checkAnswered checks).
+// That is a tenth of the calls, or one stall's worth (every worker's
+// call) when the machine is so busy that a tenth is fewer. It reports
+// the first normal answer's delay.
 func checkRecovered(t *testing.T, what string, answers []answer, back time.Time) {
 	t.Helper()
 	after := between(answers, back, back.Add(time.Hour))
@@ -271,7 +277,13 @@ func checkRecovered(t *testing.T, what string, answers []answer, back time.Time)
 	settled := between(after, back.Add(2*time.Second), back.Add(time.Hour))
 	share := normalShare(settled)
 	t.Logf("%s: first normal decision %v after the backend returned; from 2 s on, %.1f%% of %d calls normal", what, first, 100*share, len(settled))
-	if first < 0 || first > 2*time.Second || share < 0.9 || len(settled) == 0 {
+	notNormal := 0
+	for _, a := range settled {
+		if !a.normal() {
+			notNormal++
+		}
+	}
+	if first < 0 || first > 2*time.Second || len(settled) == 0 || (share < 0.9 && notNormal > outageWorkers) {
 		t.Errorf("%s: decisions did not resume within 2 s of the backend returning (first normal after %v, %.1f%% of %d later calls normal)",
 			what, first, 100*share, len(settled))
 	}
@@ -369,7 +381,7 @@ func TestBackendKilledAndRestarted(t *testing.T) {
 	for _, policy := range []string{"error", "allow", "deny"} {
 		t.Run(policy, func(t *testing.T) {
 			s := e.serve(t, policy)
-			l := startLoad(t, s.grpcLn.Addr().String(), 8)
+			l := startLoad(t, s.grpcLn.Addr().String(), outageWorkers)
 			killed := time.Now()
 			e.ddb.Kill()
 			time.Sleep(1500 * time.Millisecond)
@@ -377,7 +389,10 @@ func TestBackendKilledAndRestarted(t *testing.T) {
 				t.Fatal(err)
 			}
 			back := time.Now()
-			time.Sleep(2500 * time.Millisecond)
+			// Recovery is checked from 2 s on: a second and a half of
+			// calls, so that one stall of DynamoDB Local is not most of
+			// them (in half a second beside two busy loops, 7 of 13 were).
+			time.Sleep(3500 * time.Millisecond)
 			answers := l.end()
 
 			checkAnswered(t, answers)
@@ -400,7 +415,7 @@ func TestBackendKilledAndRestarted(t *testing.T) {
 func TestBackendSlowAndPartitioned(t *testing.T) {
 	e := newOutageEnv(t, true)
 	s := e.serve(t, "deny")
-	l := startLoad(t, s.grpcLn.Addr().String(), 8)
+	l := startLoad(t, s.grpcLn.Addr().String(), outageWorkers)
 	slow := time.Now()
 	e.proxy.SetDelay(40 * time.Millisecond) // slower, still within the deadline
 	time.Sleep(1500 * time.Millisecond)
