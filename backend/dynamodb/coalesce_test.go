@@ -122,13 +122,17 @@ func TestCoalescedDecisionsAreIndividuallyCorrect(t *testing.T) {
 // check (0 hits) sees what is left without taking it.
 func TestCoalescedBatchDecidesInOrder(t *testing.T) {
 	e := newEnv(t)
-	b := e.replica(t, Options{}, slowWrites{e.client, 100 * time.Millisecond})
+	// Each write takes half a second: the five calls queue behind the
+	// first one's within it, even on a busy machine.
+	b := e.replica(t, Options{}, slowWrites{e.client, 500 * time.Millisecond})
 	limits := []bucket.Limit{lim(t, "x", "1/hour", 11)}
 	mk := func(entity string, hits uint64) backend.Request {
 		return backend.Request{Entity: entity, Resource: "r", Defaults: limits, Hits: hits}
 	}
 	// The first takes 1 and holds the lane while the others queue in
-	// order (each a little after the one before).
+	// order: each is started once the one before waits in the lane (a
+	// fixed pause between them was not enough beside two busy loops,
+	// where the second call overtook the first).
 	reqs := []backend.Request{mk("e", 1)}
 	for _, h := range []uint64{4, 4, 4, 2, 0} {
 		reqs = append(reqs, mk("e", h))
@@ -143,7 +147,11 @@ func TestCoalescedBatchDecidesInOrder(t *testing.T) {
 			}
 			out[i] = d
 		})
-		time.Sleep(15 * time.Millisecond)
+		if i == 0 {
+			waitHeld(t, b.lanes, bucketKey{"e", "r"})
+		} else {
+			waitQueued(t, b.lanes, bucketKey{"e", "r"}, i)
+		}
 	}
 	wg.Wait()
 	want := []struct {
@@ -459,7 +467,9 @@ func everyCallAnsweredByItsDeadline(t *testing.T, horizon time.Duration) {
 // order the batch's first call listed them in.
 func TestCoalescedAnswersFollowTheirOwnLimits(t *testing.T) {
 	e := newEnv(t)
-	b := e.replica(t, Options{}, slowWrites{e.client, 100 * time.Millisecond})
+	// Each write takes half a second: the five calls queue behind the
+	// first one's within it, even on a busy machine.
+	b := e.replica(t, Options{}, slowWrites{e.client, 500 * time.Millisecond})
 	tight, roomy := lim(t, "tight", "1/hour", 10), lim(t, "roomy", "1/hour", 1000)
 	xy := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{tight, roomy}, Hits: 1}
 	yx := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{roomy, tight}, Hits: 1}

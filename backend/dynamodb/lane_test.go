@@ -24,6 +24,22 @@ func waitQueued(t *testing.T, l *lanes, k bucketKey, n int) {
 	t.Fatalf("never saw %d calls queued on %v", n, k)
 }
 
+// waitHeld waits until a batch holds k's lane.
+func waitHeld(t *testing.T, l *lanes, k bucketKey) {
+	t.Helper()
+	// Long enough for the first call's config read on a busy machine.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		l.mu.Lock()
+		ln := l.m[k]
+		busy := ln != nil && ln.busy
+		l.mu.Unlock()
+		if busy {
+			return
+		}
+	}
+	t.Fatalf("no batch held %v's lane", k)
+}
+
 type entered struct {
 	c     *call
 	batch []*call
