@@ -889,16 +889,21 @@ func (t *target) plan(now int64) {
 }
 
 // pool is what t's decision may spend from, per limit: the bucket as
-// planned, with what the replica's lease adds folded in, refilled and
-// capped at the burst like any tokens given back to a bucket (what the
-// cap cuts off is lost, as a return would lose it).
+// planned, refilled to now, with what the replica's lease adds folded in
+// and capped at the burst like any tokens given back to a bucket (what
+// the cap cuts off is lost, as a return would lose it). The refill comes
+// first even for a batch that decides nothing (a renewal): settle counts
+// what the write takes against the refilled bucket, so a grant sized on a
+// state without its refill would take that refill too and credit it
+// nowhere.
 func (t *target) pool(now int64) []bucket.State {
 	states := slices.Clone(t.base)
 	for j, l := range t.res.Limits {
+		s := bucket.Refill(l, states[j], now)
+		states[j] = s
 		if t.lease == nil || t.lease[j] <= 0 {
 			continue
 		}
-		s := bucket.Refill(l, states[j], now)
 		s.Tokens = min(s.Tokens+t.lease[j], l.Burst)
 		if s.Tokens == l.Burst {
 			s.Clock = now
