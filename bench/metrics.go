@@ -14,7 +14,7 @@ import (
 )
 
 // The series of Sluice's /metrics a run reads, named as the Prometheus
-// text format has them (README.md, "Metrics").
+// text format has them (docs/metrics.md).
 const (
 	// MetricBackendCalls is the histogram of backend calls, labelled
 	// backend and operation; its _count counts them.

@@ -164,16 +164,16 @@ func (s *istioSluice) clusterName(t *testing.T) string {
 	return fmt.Sprintf("outbound|%d||%s.%s.svc.cluster.local", s.service.Spec.Ports[0].Port, s.service.Name, s.service.Namespace)
 }
 
-// readmeServeFlags lists the flags of the README's `sluice serve` table.
+// readmeServeFlags lists the flags of docs/serve.md's `sluice serve` table.
 func readmeServeFlags(t *testing.T) map[string]bool {
 	t.Helper()
-	raw, err := os.ReadFile("../README.md")
+	raw, err := os.ReadFile("../docs/serve.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, section, ok := strings.Cut(string(raw), "\n## `sluice serve`\n")
 	if !ok {
-		t.Fatal("README.md has no `sluice serve` section")
+		t.Fatal("docs/serve.md has no `sluice serve` section")
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	flags := map[string]bool{}
@@ -181,7 +181,7 @@ func readmeServeFlags(t *testing.T) map[string]bool {
 		flags[m[1]] = true
 	}
 	if len(flags) == 0 {
-		t.Fatal("README.md's `sluice serve` section has no flag table")
+		t.Fatal("docs/serve.md's `sluice serve` section has no flag table")
 	}
 	return flags
 }

@@ -17,7 +17,7 @@ import (
 )
 
 // There is no Prometheus or Grafana here, so the files in observability/
-// are checked against what they must agree with: README.md's Metrics
+// are checked against what they must agree with: docs/metrics.md's Metrics
 // table, which another test holds equal to what /metrics serves. Every
 // PromQL expression, in the dashboard's panels and in the rule file, is
 // read by a small scanner below: each metric it selects must be a row of
@@ -28,13 +28,13 @@ import (
 // knows selectors, aggregations, function calls and ranges, which is all
 // these files use, and fails on anything it does not understand.
 
-// obsMetric is a row of README.md's Metrics table.
+// obsMetric is a row of docs/metrics.md's Metrics table.
 type obsMetric struct {
 	name, kind string // kind: counter, gauge or histogram
 	labels     map[string]bool
 }
 
-// obsCatalogue is README.md's Metrics section: its metrics, and for each
+// obsCatalogue is docs/metrics.md's Metrics section: its metrics, and for each
 // label the values the section names for it.
 type obsCatalogue struct {
 	metrics map[string]*obsMetric
@@ -42,7 +42,7 @@ type obsCatalogue struct {
 }
 
 // obsEnumerated are the labels whose values come from the code, not from
-// the rule files, so README.md lists them and a query's values can be
+// the rule files, so docs/metrics.md lists them and a query's values can be
 // checked.
 var obsEnumerated = map[string]bool{
 	"code": true, "kind": true, "result": true, "ttl": true, "backend": true,
@@ -56,7 +56,7 @@ var (
 	obsDuration = regexp.MustCompile(`^(?:[0-9]+(?:ms|s|m|h|d|w|y))+$`)
 )
 
-// loadObsCatalogue reads README.md's Metrics section. A row's quoted
+// loadObsCatalogue reads docs/metrics.md's Metrics section. A row's quoted
 // words are read left to right, first its labels cell, then its meaning:
 // a word that is one of the row's labels makes that label current, any
 // other word is a value of the current label (`ttl` (`set` or `none`);
@@ -67,13 +67,13 @@ var (
 // shows adds the values it uses (backend="dynamodb").
 func loadObsCatalogue(t *testing.T) *obsCatalogue {
 	t.Helper()
-	raw, err := os.ReadFile("../README.md")
+	raw, err := os.ReadFile("../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, section, ok := strings.Cut(string(raw), "\n## Metrics\n")
 	if !ok {
-		t.Fatal("README.md has no Metrics section")
+		t.Fatal("docs/metrics.md has no Metrics section")
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	c := &obsCatalogue{metrics: map[string]*obsMetric{}, values: map[string]map[string]bool{}}
@@ -83,7 +83,7 @@ func loadObsCatalogue(t *testing.T) *obsCatalogue {
 		}
 		cells := strings.Split(strings.Trim(line, "|"), "|")
 		if len(cells) < 4 {
-			t.Fatalf("README.md Metrics row %q: want metric, type, labels and meaning", line)
+			t.Fatalf("docs/metrics.md Metrics row %q: want metric, type, labels and meaning", line)
 		}
 		m := &obsMetric{
 			name:   strings.Trim(strings.TrimSpace(cells[0]), "`"),
@@ -91,11 +91,11 @@ func loadObsCatalogue(t *testing.T) *obsCatalogue {
 			labels: map[string]bool{},
 		}
 		if !slices.Contains([]string{"counter", "gauge", "histogram"}, m.kind) {
-			t.Fatalf("README.md Metrics row %s: type %q", m.name, m.kind)
+			t.Fatalf("docs/metrics.md Metrics row %s: type %q", m.name, m.kind)
 		}
 		for _, q := range obsQuoted.FindAllStringSubmatch(obsOutsideParens(cells[2]), -1) {
 			if !obsLabelRE.MatchString(q[1]) {
-				t.Fatalf("README.md Metrics row %s: label %q", m.name, q[1])
+				t.Fatalf("docs/metrics.md Metrics row %s: label %q", m.name, q[1])
 			}
 			m.labels[q[1]] = true
 		}
@@ -118,12 +118,12 @@ func loadObsCatalogue(t *testing.T) *obsCatalogue {
 			}
 		}
 		if c.metrics[m.name] != nil {
-			t.Fatalf("README.md lists %s twice", m.name)
+			t.Fatalf("docs/metrics.md lists %s twice", m.name)
 		}
 		c.metrics[m.name] = m
 	}
 	if len(c.metrics) == 0 {
-		t.Fatal("README.md's Metrics section has no table of sluice_ metrics")
+		t.Fatal("docs/metrics.md's Metrics section has no table of sluice_ metrics")
 	}
 	// The section's own PromQL: checked like ours, and its values count.
 	ck := &obsChecker{cat: c, noValues: true}
@@ -133,7 +133,7 @@ func loadObsCatalogue(t *testing.T) *obsCatalogue {
 		}
 		e, errs := ck.check(q[1], false)
 		if len(errs) > 0 {
-			t.Fatalf("README.md Metrics section, %s: %v", q[1], errors.Join(errs...))
+			t.Fatalf("docs/metrics.md Metrics section, %s: %v", q[1], errors.Join(errs...))
 		}
 		for _, s := range e.selectors {
 			for _, m := range s.matchers {
@@ -180,12 +180,12 @@ func (c *obsCatalogue) resolve(name string) (*obsMetric, string, error) {
 		base, ok := strings.CutSuffix(name, suffix)
 		if m := c.metrics[base]; ok && m != nil {
 			if m.kind != "histogram" {
-				return nil, "", fmt.Errorf("%s: %s is a %s in README.md, not a histogram", name, base, m.kind)
+				return nil, "", fmt.Errorf("%s: %s is a %s in docs/metrics.md, not a histogram", name, base, m.kind)
 			}
 			return m, suffix, nil
 		}
 	}
-	return nil, "", fmt.Errorf("metric %s is not in README.md's Metrics table", name)
+	return nil, "", fmt.Errorf("metric %s is not in docs/metrics.md's Metrics table", name)
 }
 
 // PromQL, as far as the scanner knows it.
@@ -495,7 +495,7 @@ func pqParse(expr string) (*pqExpr, error) {
 type obsChecker struct {
 	cat      *obsCatalogue
 	recorded map[string]map[string]bool
-	noValues bool // while the catalogue learns values from README.md
+	noValues bool // while the catalogue learns values from docs/metrics.md
 }
 
 // labelsOf returns the labels a series of name has.
@@ -590,7 +590,7 @@ func (c *obsCatalogue) checkValue(metric string, m pqMatcher) error {
 			return fmt.Errorf("%s{%s%s%q}: only literal values (a|b) can be checked", metric, m.label, m.op, m.value)
 		}
 		if !known[v] {
-			return fmt.Errorf("%s{%s%s%q}: README.md's Metrics table names no value %q for %s (it names %v)",
+			return fmt.Errorf("%s{%s%s%q}: docs/metrics.md's Metrics table names no value %q for %s (it names %v)",
 				metric, m.label, m.op, m.value, v, m.label, slices.Sorted(maps.Keys(known)))
 		}
 	}
@@ -814,7 +814,7 @@ func TestObservabilityDashboard(t *testing.T) {
 	}
 	walk(obsDashboardFile, d.Panels, false)
 
-	// A metric README.md lists and the dashboard leaves out is a metric
+	// A metric docs/metrics.md lists and the dashboard leaves out is a metric
 	// nobody looks at: add a panel for it.
 	for name := range cat.metrics {
 		if !used[name] {
@@ -1000,7 +1000,7 @@ func TestObservabilityReadme(t *testing.T) {
 func TestObservabilityCheckerFails(t *testing.T) {
 	ck := &obsChecker{cat: loadObsCatalogue(t), recorded: map[string]map[string]bool{"sluice:known:rate5m": {"job": true}}}
 	for _, c := range []struct{ expr, want string }{
-		{`rate(sluice_decisons_total[5m])`, "not in README.md's Metrics table"},
+		{`rate(sluice_decisons_total[5m])`, "not in docs/metrics.md's Metrics table"},
 		{`sum by (domian) (rate(sluice_decisions_total[5m]))`, `has no label "domian"`},
 		{`sum(rate(sluice_decisions_total[5m])) by (entity)`, `has no label "entity"`},
 		{`sluice_decisions_total{rule="a", cod="ok"}`, `has no label "cod"`},

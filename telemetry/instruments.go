@@ -9,7 +9,7 @@ import (
 // instruments are Sluice's metrics. The Prometheus names follow from the
 // OpenTelemetry ones: dots become underscores, counters end in _total and
 // seconds in _seconds (sluice.request.duration is
-// sluice_request_duration_seconds). README.md lists them all.
+// sluice_request_duration_seconds). docs/metrics.md lists them all.
 type instruments struct {
 	decisions         metric.Int64Counter
 	detailedDecisions metric.Int64Counter

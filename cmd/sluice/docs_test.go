@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -10,16 +11,32 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// The README is the user's manual: each command has a section headed
-// "## `sluice <command>`" with a table of its flags. Every flag a command
-// has must be in its table with the default it really has, and every flag
-// the table names must exist.
-func TestREADMEDocumentsEveryFlag(t *testing.T) {
-	raw, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
+// manual returns the user's manual: the README and the reference files
+// of docs/ it links to, one after the other.
+func manual(t *testing.T) string {
+	t.Helper()
+	files, err := filepath.Glob("../../docs/*.md")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no docs/*.md: %v", err)
 	}
-	readme := string(raw)
+	var b strings.Builder
+	for _, f := range append([]string{"../../README.md"}, files...) {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Write(raw)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// The manual (README and docs/) has a section for each command, headed
+// "## `sluice <command>`", with a table of its flags. Every flag a
+// command has must be in its table with the default it really has, and
+// every flag the table names must exist.
+func TestManualDocumentsEveryFlag(t *testing.T) {
+	readme := manual(t)
 	row := regexp.MustCompile("(?m)^\\| `--([a-z0-9-]+)` \\| ([^|]*) \\|")
 	literal := regexp.MustCompile("^`([^`]*)`$")
 
@@ -38,10 +55,11 @@ func TestREADMEDocumentsEveryFlag(t *testing.T) {
 		t.Fatalf("found %d commands", len(leaves))
 	}
 
-	// section returns the text under the heading (any level) that names
-	// `path`, up to the next heading.
+	// section returns the text under the first heading (a section's:
+	// level 2 or lower, not a file's title) that names `path`, up to the
+	// next heading.
 	section := func(path string) (string, bool) {
-		m := regexp.MustCompile("(?m)^#+ .*`" + regexp.QuoteMeta(path) + "`.*\n").FindStringIndex(readme)
+		m := regexp.MustCompile("(?m)^##+ .*`" + regexp.QuoteMeta(path) + "`.*\n").FindStringIndex(readme)
 		if m == nil {
 			return "", false
 		}
@@ -62,7 +80,7 @@ func TestREADMEDocumentsEveryFlag(t *testing.T) {
 	for _, c := range leaves {
 		text, ok := section(c.CommandPath())
 		if !ok {
-			t.Errorf("README.md has no section headed with `%s`", c.CommandPath())
+			t.Errorf("the manual has no section headed with `%s`", c.CommandPath())
 			continue
 		}
 		documented := tableOf(text)
@@ -79,7 +97,7 @@ func TestREADMEDocumentsEveryFlag(t *testing.T) {
 				return
 			}
 			if _, ok := inherited[f.Name]; !ok {
-				t.Errorf("%s --%s (from %s) is not in the README's table for %s", c.CommandPath(), f.Name, c.Parent().CommandPath(), c.Parent().CommandPath())
+				t.Errorf("%s --%s (from %s) is not in the manual's table for %s", c.CommandPath(), f.Name, c.Parent().CommandPath(), c.Parent().CommandPath())
 			}
 		})
 		c.LocalNonPersistentFlags().VisitAll(func(f *pflag.Flag) {
@@ -88,21 +106,21 @@ func TestREADMEDocumentsEveryFlag(t *testing.T) {
 			}
 			def, ok := documented[f.Name]
 			if !ok {
-				t.Errorf("%s --%s is not in the README's table", c.CommandPath(), f.Name)
+				t.Errorf("%s --%s is not in the manual's table", c.CommandPath(), f.Name)
 				return
 			}
 			delete(documented, f.Name)
 			// A default written as a literal must be the real one; prose
 			// ("from the AWS environment", "none") describes an empty one.
 			if m := literal.FindStringSubmatch(def); m != nil && m[1] != f.DefValue {
-				t.Errorf("%s --%s: README says default %s, the flag's is %q", c.CommandPath(), f.Name, def, f.DefValue)
+				t.Errorf("%s --%s: the manual says default %s, the flag's is %q", c.CommandPath(), f.Name, def, f.DefValue)
 			}
 			if literal.FindStringSubmatch(def) == nil && f.DefValue != "" && f.DefValue != "[]" {
-				t.Errorf("%s --%s: README gives default %q, the flag's is %q", c.CommandPath(), f.Name, def, f.DefValue)
+				t.Errorf("%s --%s: the manual gives default %q, the flag's is %q", c.CommandPath(), f.Name, def, f.DefValue)
 			}
 		})
 		for name := range documented {
-			t.Errorf("README.md documents %s --%s, which does not exist", c.CommandPath(), name)
+			t.Errorf("the manual documents %s --%s, which does not exist", c.CommandPath(), name)
 		}
 	}
 }

@@ -118,7 +118,7 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
 	f.BoolVar(&o.responseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to responses")
 	f.BoolVar(&o.pprof, "pprof", false, "serve /debug/pprof/ on the debug address")
-	// Far above what a healthy replica holds (the README's "Overload"
+	// Far above what a healthy replica holds (docs/serve.md's "Overload"
 	// explains them), so that only a flood or a stalled backend reaches
 	// them.
 	f.IntVar(&o.overload.MaxInFlight, "max-concurrent-calls", 1000, "most ShouldRateLimit calls worked on at once; more wait in a queue")

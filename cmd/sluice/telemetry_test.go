@@ -142,12 +142,12 @@ func TestMetricsAfterKnownTraffic(t *testing.T) {
 			t.Errorf("/metrics carries request data %q", leak)
 		}
 	}
-	// Every metric the README documents is served, and every one served is
+	// Every metric docs/metrics.md documents is served, and every one served is
 	// documented.
 	checkMetricsDocumented(t, got, false)
 }
 
-// checkMetricsDocumented compares the families scraped with the README's
+// checkMetricsDocumented compares the families scraped with docs/metrics.md's
 // metrics table. Rows for the DynamoDB backend must be served only when
 // dynamo is set; rows that say they appear with the first event of their
 // kind may be missing.
@@ -162,29 +162,29 @@ func checkMetricsDocumented(t *testing.T, scraped map[string]float64, dynamo boo
 	}
 	for name := range served {
 		if _, ok := documented[name]; strings.HasPrefix(name, "sluice_") && !ok {
-			t.Errorf("metric %s is served but not in the README's table", name)
+			t.Errorf("metric %s is served but not in docs/metrics.md's table", name)
 		}
 	}
 	for name, row := range documented {
 		optional := strings.Contains(row, "appears with the first") || strings.Contains(row, "with `--tls-cert` only") ||
 			(strings.Contains(row, "DynamoDB backend only") && !dynamo)
 		if !served[name] && !optional {
-			t.Errorf("README documents %s, which is not served", name)
+			t.Errorf("docs/metrics.md documents %s, which is not served", name)
 		}
 	}
 }
 
-// readmeMetrics lists the metrics in the README's table, each with its
+// readmeMetrics lists the metrics in docs/metrics.md's table, each with its
 // row.
 func readmeMetrics(t *testing.T) map[string]string {
 	t.Helper()
-	raw, err := os.ReadFile("../../README.md")
+	raw, err := os.ReadFile("../../docs/metrics.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, section, ok := strings.Cut(string(raw), "\n## Metrics\n")
 	if !ok {
-		t.Fatal("README.md has no Metrics section")
+		t.Fatal("docs/metrics.md has no Metrics section")
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	out := map[string]string{}
@@ -197,7 +197,7 @@ func readmeMetrics(t *testing.T) map[string]string {
 		out[name] = line
 	}
 	if len(out) < 10 {
-		t.Fatalf("README's metrics table has %d rows", len(out))
+		t.Fatalf("docs/metrics.md's table has %d rows", len(out))
 	}
 	return out
 }
