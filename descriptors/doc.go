@@ -67,7 +67,10 @@ matched by a bare key or a wildcard, joined with "/" and escaped so that
 different value lists never collide ("_global_" when every level matched an
 exact value). That is envoyproxy/ratelimit's counter identity: one bucket
 per distinct key/value path. A wildcard level with share_threshold keeps its
-value out of the entity, so every value it matches shares one bucket.
+value out of the entity, so every value it matches shares one bucket. An
+empty value (a header present but empty) is a value like any other: a name
+that would be empty is "%empty", so such a request is limited, in a bucket of
+its own.
 
 The `entity`, `resource` and `parent` templates of the matched node replace
 these defaults; "{key}" stands for the request value of the entry with that

@@ -13,6 +13,15 @@ import (
 // exact value: one bucket for everyone.
 const globalEntity = "_global_"
 
+// emptyName stands for an entity, resource or parent that would be empty:
+// a request whose only entity value is "" (Envoy sends one for a header
+// that is present but empty), or a template that renders nothing.
+// envoyproxy/ratelimit counts such a request under the key's rule like any
+// other value, so it must get a bucket too; an empty name names none, and
+// the request would pass unlimited. No escaped value spells it: joinValues
+// writes '%' only as "%25" or "%2F".
+const emptyName = "%empty"
+
 // Match is the result of mapping a request descriptor onto the config: the
 // rule that applies and the identity of the bucket it charges.
 type Match struct {
@@ -94,11 +103,18 @@ func (r *Rule) identify(entries []*rlv3.RateLimitDescriptor_Entry) Match {
 	} else {
 		m.Entity = joinValues(entries, r.entityLevels)
 	}
+	if m.Entity == "" {
+		m.Entity = emptyName
+	}
 	if r.resource != nil {
-		m.Resource = r.resource.render(entries)
+		if m.Resource = r.resource.render(entries); m.Resource == "" {
+			m.Resource = emptyName
+		}
 	}
 	if r.parent != nil {
-		m.Parent = r.parent.render(entries)
+		if m.Parent = r.parent.render(entries); m.Parent == "" {
+			m.Parent = emptyName // else an empty value would escape the parent's limit
+		}
 	}
 	return m
 }
@@ -196,5 +212,9 @@ func overrideMatch(domain string, d *rlv3.RateLimitDescriptor) (Match, bool) {
 		Limits:           []bucket.Limit{{Name: defaultLimitName, Amount: amount, Period: period, Burst: amount}},
 		unnamedRateLimit: true,
 	}
-	return Match{Rule: r, Entity: joinValues(entries, idx), Resource: res.String()}, true
+	entity := joinValues(entries, idx)
+	if entity == "" {
+		entity = emptyName
+	}
+	return Match{Rule: r, Entity: entity, Resource: res.String()}, true
 }

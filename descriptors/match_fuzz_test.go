@@ -86,7 +86,7 @@ var matchFuzzKeys = [16]string{
 	"app", "everyone", "plan", "*", "ключ", "empty", "nope", "",
 }
 
-// modelMatch is what a request should map to, by the rules README.md
+// modelMatch is what a request should map to, by the rules docs/rules.md
 // states ("Matching", "Bucket identity"), computed from the genNode tree
 // without any of match.go's code.
 type modelMatch struct {
@@ -111,7 +111,7 @@ func modelLookup(domain string, top []*genNode, d *rlv3.RateLimitDescriptor) (mo
 			resource += "/" + escapeValue.Replace(e.GetKey())
 			values = append(values, e.GetValue())
 		}
-		return modelMatch{entity: joinModel(values), resource: resource + "/override", values: values}, true
+		return modelMatch{entity: orEmpty(joinModel(values)), resource: resource + "/override", values: values}, true
 	}
 	var chain []*genNode
 	level := top
@@ -155,12 +155,22 @@ func modelLookup(domain string, top []*genNode, d *rlv3.RateLimitDescriptor) (mo
 		m.entity = render(m.node.entity)
 	}
 	if m.node.resource != "" {
-		m.resource = render(m.node.resource)
+		m.resource = orEmpty(render(m.node.resource))
 	}
 	if m.node.parent != "" {
-		m.parent = render(m.node.parent)
+		m.parent = orEmpty(render(m.node.parent))
 	}
+	m.entity = orEmpty(m.entity)
 	return m, true
+}
+
+// orEmpty is a bucket name as the docs state it: one that would be empty
+// (an empty request value, a template that renders nothing) is "%empty".
+func orEmpty(name string) string {
+	if name == "" {
+		return "%empty"
+	}
+	return name
 }
 
 func pick(level []*genNode, ok func(*genNode) bool) *genNode {

@@ -257,3 +257,56 @@ func BenchmarkMatch(b *testing.B) {
 		})
 	}
 }
+
+// Envoy sends an entry with an empty value for a header that is present
+// but empty. envoyproxy/ratelimit finds no rule for "key_" and falls back
+// to a wildcard that matches nothing at all ("*"), then to the key's rule
+// without a value, and counts the request there like any other value. So
+// must Sluice: an empty value gets a bucket of its own (emptyName), never
+// the empty entity that names no bucket, and never a bucket of a
+// non-empty value. Templates that render nothing, for the entity, the
+// resource or the parent, get the same.
+func TestEmptyValueMatchesLikeEnvoyproxy(t *testing.T) {
+	c := mustLoad(t, map[string]string{"e.yaml": `domain: e
+descriptors:
+  - key: block
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: star
+    value: "*"
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: prefix
+    value: "a*"
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: prefix
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: org
+    descriptors:
+      - key: user
+        entity: "{user}"
+        resource: "{org}"
+        parent: "{org}"
+        rate_limit: {unit: second, requests_per_unit: 3}
+`})
+	for _, tc := range []struct {
+		name                           string
+		desc                           *rlv3.RateLimitDescriptor
+		path, entity, resource, parent string
+	}{
+		{"bare key", desc("block", ""), "e/block", emptyName, "e/block", ""},
+		{"a value like the placeholder is another bucket", desc("block", emptyName), "e/block", "%25empty", "e/block", ""},
+		{"wildcard that matches nothing at all", desc("star", ""), "e/star=*", emptyName, "e/star=*", ""},
+		{"prefix wildcard does not match it", desc("prefix", ""), "e/prefix", emptyName, "e/prefix", ""},
+		{"templates rendering nothing", desc("org", "", "user", ""), "e/org/user", emptyName, emptyName, emptyName},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, ok := c.Match("e", tc.desc)
+			if !ok {
+				t.Fatal("no match")
+			}
+			if m.Rule.Path != tc.path || m.Entity != tc.entity || m.Resource != tc.resource || m.Parent != tc.parent {
+				t.Errorf("got rule %s entity %q resource %q parent %q, want %s %q %q %q",
+					m.Rule.Path, m.Entity, m.Resource, m.Parent, tc.path, tc.entity, tc.resource, tc.parent)
+			}
+		})
+	}
+}

@@ -3,6 +3,7 @@ package ratelimit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net"
 	"strings"
@@ -465,4 +466,21 @@ func TestInvalidUTF8IsRefusedCleanly(t *testing.T) {
 	if err := conn.Invoke(context.Background(), rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, good, &resp, grpc.ForceCodec(rawCodec{})); err != nil || len(resp.Statuses) != 1 {
 		t.Fatalf("well-formed call after a bad one: %v %v", &resp, err)
 	}
+}
+
+// A header that is present but empty reaches Sluice as an entry with an
+// empty value. As in envoyproxy/ratelimit, it is limited by the key's rule
+// in a bucket of its own: a client cannot escape a limit (or a block) by
+// sending the header empty, and does not share the bucket of a real value.
+func TestEmptyValueIsLimited(t *testing.T) {
+	c, _ := newService(t, ratelimit.Options{})
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	resp := call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("blocked", "")}})
+	check(t, "blocked, empty value", resp.Statuses[0], want{over, 0, rlsv3.RateLimitResponse_RateLimit_SECOND, "", 0, 1})
+	for i, w := range []uint32{6, 5} {
+		resp = call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("anon", "")}})
+		check(t, fmt.Sprintf("anon, empty value, call %d", i+1), resp.Statuses[0], want{ok, 7, rlsv3.RateLimitResponse_RateLimit_HOUR, "", w, 515 * int64(i+1)})
+	}
+	resp = call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("anon", "x")}})
+	check(t, "anon, a value", resp.Statuses[0], want{ok, 7, rlsv3.RateLimitResponse_RateLimit_HOUR, "", 6, 515})
 }
