@@ -14,9 +14,10 @@ import (
 
 // Config is one loaded, immutable mapping config. Safe for concurrent use.
 type Config struct {
-	domains     map[string]level // domain -> top level of its descriptor tree
-	domainNames []string         // sorted
-	rules       []*Rule          // every node, files in name order, nodes in pre-order
+	domains     map[string]level  // domain -> top level of its descriptor tree
+	names       map[string]string // domain -> the file's top-level name, when it has one
+	domainNames []string          // sorted
+	rules       []*Rule           // every node, files in name order, nodes in pre-order
 	fingerprint string
 }
 
@@ -44,6 +45,12 @@ func (c *Config) HasDomain(domain string) bool {
 	_, ok := c.domains[domain]
 	return ok
 }
+
+// Name returns the top-level name of the file that defines domain ("" when
+// it has none). envoyproxy/ratelimit's newer format carries one (Envoy
+// Gateway writes its listener's name there); it names the file, and
+// changes nothing in matching.
+func (c *Config) Name(domain string) string { return c.names[domain] }
 
 // Domains returns the names of the configured domains, sorted.
 func (c *Config) Domains() []string { return slices.Clone(c.domainNames) }

@@ -211,6 +211,7 @@ func overrideMatch(domain string, d *rlv3.RateLimitDescriptor) (Match, bool) {
 		Path:             domain + "/override",
 		Limits:           []bucket.Limit{{Name: defaultLimitName, Amount: amount, Period: period, Burst: amount}},
 		unnamedRateLimit: true,
+		override:         true,
 	}
 	entity := joinValues(entries, idx)
 	if entity == "" {

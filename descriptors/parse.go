@@ -25,7 +25,7 @@ const (
 // parse builds a Config from files, whose fingerprint is fp. Files are read
 // in name order, so "the first file" of a duplicate domain is stable.
 func parse(files map[string][]byte, fp string) (*Config, error) {
-	c := &Config{domains: make(map[string]level), fingerprint: fp}
+	c := &Config{domains: make(map[string]level), names: make(map[string]string), fingerprint: fp}
 	definedIn := make(map[string]string) // domain -> file
 	var errs []error
 	for _, name := range sortedNames(files) {
@@ -42,6 +42,9 @@ func parse(files map[string][]byte, fp string) (*Config, error) {
 		}
 		definedIn[p.domain] = name
 		c.domains[p.domain] = p.root
+		if p.name != "" {
+			c.names[p.domain] = p.name
+		}
 		c.rules = append(c.rules, p.rules...)
 	}
 	if len(errs) > 0 {
@@ -64,6 +67,7 @@ type fileParser struct {
 
 	domain     string
 	domainLine int
+	name       string // the top-level name (Envoy Gateway writes one), or ""
 	root       level
 	rules      []*Rule
 	paths      map[string]int // the line of the node that has each path
@@ -87,10 +91,13 @@ func (p *fileParser) parseFile(data []byte) {
 	if root == nil || !p.isMapping(root, "file") {
 		return
 	}
-	f := p.fields(root, "the top level", "domain", "descriptors")
+	f := p.fields(root, "the top level", "domain", "descriptors", "name")
 	domain, ok := p.requiredString(root, f, "domain", "file")
 	if !ok {
 		return
+	}
+	if nf, ok := f["name"]; ok {
+		p.name, _ = p.str(nf.val, "name")
 	}
 	df := f["domain"]
 	// The domain is recorded even when its descriptors turn out to be
@@ -152,13 +159,14 @@ func (p *fileParser) node(n *yaml.Node, parent *Rule, parentKeys []string, lvl l
 	f := p.fields(n, "descriptor",
 		// envoyproxy/ratelimit's keys, then Sluice's.
 		"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "share_threshold",
+		"quota_mode", "value_to_metric", "metadata",
 		"limits", "entity", "resource", "parent")
 	key, ok := p.requiredString(n, f, "key", "descriptor")
 	if !ok {
 		return
 	}
 	kf := f["key"]
-	r := &Rule{Domain: p.domain, File: p.file, Line: n.Line, key: key}
+	r := &Rule{Domain: p.domain, File: p.file, Line: n.Line, key: key, up: parent}
 	if vf, ok := f["value"]; ok {
 		r.value, _ = p.str(vf.val, "value")
 	}
@@ -181,7 +189,14 @@ func (p *fileParser) node(n *yaml.Node, parent *Rule, parentKeys []string, lvl l
 	}
 
 	r.ShadowMode = p.boolField(f, "shadow_mode")
+	r.QuotaMode = p.boolField(f, "quota_mode")
 	r.DetailedMetric = p.boolField(f, "detailed_metric")
+	r.ValueToMetric = p.boolField(f, "value_to_metric")
+	if mf, ok := f["metadata"]; ok && mf.val.ShortTag() != "!!null" && p.isMapping(mf.val, "metadata") {
+		if m, ok := p.metadataValue(mf.val, 0); ok {
+			r.Metadata = m.(map[string]any)
+		}
+	}
 	r.share = p.boolField(f, "share_threshold")
 	if r.share && r.kind != kindWildcard {
 		p.errorf(f["share_threshold"].key.Line, "share_threshold is only meaningful on a wildcard value (a value with '*')")

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -64,6 +65,18 @@ func TestValidationErrors(t *testing.T) {
 			[]wantErr{{"a.yaml", 3, "key: want a string, got a list"}}},
 		{"boolean of the wrong type", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n"},
 			[]wantErr{{"a.yaml", 4, `shadow_mode: want true or false, got a string ("maybe")`}}},
+		{"quota_mode not a boolean", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    quota_mode: soft\n"},
+			[]wantErr{{"a.yaml", 4, `quota_mode: want true or false, got a string ("soft")`}}},
+		{"metadata not a mapping", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    metadata: [a, b]\n"},
+			[]wantErr{{"a.yaml", 4, "metadata: want a mapping, got a list"}}},
+		{"metadata key set twice", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    metadata:\n      a: {b: 1, b: 2}\n"},
+			[]wantErr{{"a.yaml", 5, `metadata: key "b" is set twice`}}},
+		{"metadata number a Struct cannot hold", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    metadata: {n: .inf}\n"},
+			[]wantErr{{"a.yaml", 4, `metadata: ".inf" is not a number`}}},
+		{"metadata key not a string", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    metadata: {[a]: 1}\n"},
+			[]wantErr{{"a.yaml", 4, "metadata: a key must be a string, got a list"}}},
+		{"top-level name not a string", map[string]string{"a.yaml": "domain: d\nname: [x]\n"},
+			[]wantErr{{"a.yaml", 2, "name: want a string, got a list"}}},
 		{"rate_limit not a mapping", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    rate_limit: 5/s\n"},
 			[]wantErr{{"a.yaml", 4, `rate_limit: want a mapping, got a string ("5/s")`}}},
 		{"limits not a list", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      rpm: 5/s\n"},
@@ -196,6 +209,46 @@ func TestValidationErrors(t *testing.T) {
 				t.Errorf("%d errors, want %d:\n%v", len(got), len(tt.want), err)
 			}
 		})
+	}
+}
+
+// The keys envoyproxy/ratelimit added in 2025-2026 load with what they
+// say: the top-level name, quota_mode, value_to_metric and a free-form
+// metadata mapping (nested mappings and lists, numbers as a Struct holds
+// them, aliases followed).
+func TestNewerEnvoyproxyKeys(t *testing.T) {
+	c := mustLoad(t, map[string]string{"a.yaml": `name: first-listener
+domain: d
+descriptors:
+  - key: service
+    value: s1
+    quota_mode: true
+    value_to_metric: false
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: &md
+      service_with_quota: {name: s1, tier: 2, tags: [a, b], on: true, none: null}
+  - key: user
+    value_to_metric: true
+    metadata: *md
+`})
+	if got := c.Name("d"); got != "first-listener" {
+		t.Errorf("Name = %q", got)
+	}
+	s1, ok := c.Match("d", desc("service", "s1"))
+	if !ok || !s1.Rule.QuotaMode || s1.Rule.ValueToMetric {
+		t.Fatalf("service=s1: %+v", s1.Rule)
+	}
+	want := map[string]any{"service_with_quota": map[string]any{
+		"name": "s1", "tier": float64(2), "tags": []any{"a", "b"}, "on": true, "none": nil}}
+	if !reflect.DeepEqual(s1.Rule.Metadata, want) {
+		t.Errorf("metadata %#v, want %#v", s1.Rule.Metadata, want)
+	}
+	u, ok := c.Match("d", desc("user", "alice"))
+	if !ok || u.Rule.QuotaMode || !u.Rule.ValueToMetric || !reflect.DeepEqual(u.Rule.Metadata, want) {
+		t.Errorf("user=alice: %+v", u.Rule)
+	}
+	if got := u.Rule.StatsKey(desc("user", "alice").GetEntries()); got != "d.user_alice" {
+		t.Errorf("stats key %q, want d.user_alice", got)
 	}
 }
 

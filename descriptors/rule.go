@@ -25,10 +25,24 @@ type Rule struct {
 	Name string
 	// Limits holds the limit built from rate_limit (first, when present)
 	// followed by the `limits` entries in file order. It may be empty.
-	Limits         []bucket.Limit
-	Unlimited      bool
-	ShadowMode     bool
+	Limits     []bucket.Limit
+	Unlimited  bool
+	ShadowMode bool
+	// QuotaMode (quota_mode) makes an over-limit answer OK: the request
+	// passes and the violation is reported instead (in the response's
+	// dynamic metadata), as envoyproxy/ratelimit does for a soft quota.
+	QuotaMode bool
+	// DetailedMetric and ValueToMetric put request values into the rule's
+	// stats key (StatsKey): every value of the request, or the value of
+	// this level.
 	DetailedMetric bool
+	ValueToMetric  bool
+	// Metadata is the node's free-form `metadata` mapping, nil when it has
+	// none: what envoyproxy/ratelimit merges into the response's dynamic
+	// metadata for the rules a request matched. Values are those a
+	// google.protobuf.Struct holds (map[string]any, []any, float64, bool,
+	// string, nil).
+	Metadata map[string]any
 	// Replaces lists the rule names (rate_limit.replaces) this rule removes
 	// from the request when both match.
 	Replaces []string
@@ -39,6 +53,7 @@ type Rule struct {
 	pattern  pattern // compiled value, for a wildcard node
 	share    bool    // share_threshold: a wildcard level that keeps its value out of the entity
 	children level   // nil when the node has no children
+	up       *Rule   // the parent node; nil at the top level
 
 	// entityLevels are the indexes of the request entries whose values form
 	// the default entity: the levels of the path matched by bare key or by a
@@ -51,6 +66,8 @@ type Rule struct {
 	// unnamedRateLimit records that Limits[0] came from a rate_limit block
 	// without a name: it is stored as "default" but reported as "".
 	unnamedRateLimit bool
+	// override marks the rule built for a descriptor's own limit.
+	override bool
 }
 
 // nodeKind is how a node matches the value of a request entry.
