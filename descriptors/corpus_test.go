@@ -1,109 +1,52 @@
 package descriptors
 
 import (
-	"encoding/csv"
-	"encoding/json"
 	"errors"
-	"os"
 	"path/filepath"
 	"reflect"
-	"strings"
 	"testing"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/descriptors/corpustest"
 )
-
-// corpusDir finds the shared corpus of real envoyproxy/ratelimit rule
-// files (SLUICE_CORPUS, else ../shared/corpus beside the checkout). It is
-// read in place, never copied into the repository. Absent, the tests that
-// need it skip, except in CI (CI=true), where they fail.
-func corpusDir(t *testing.T) string {
-	t.Helper()
-	dir := os.Getenv("SLUICE_CORPUS")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "shared", "corpus")
-	}
-	if _, err := os.Stat(filepath.Join(dir, "SOURCES.tsv")); err != nil {
-		msg := "the corpus of envoyproxy/ratelimit rule files is not at " + dir +
-			" (../shared/corpus beside the checkout, or SLUICE_CORPUS): " + err.Error()
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	return dir
-}
-
-// corpusFile is one row of the corpus's SOURCES.tsv.
-type corpusFile struct {
-	name, repo, valid, notes string
-}
-
-func corpusFiles(t *testing.T, dir string) []corpusFile {
-	t.Helper()
-	f, err := os.Open(filepath.Join(dir, "SOURCES.tsv"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	r := csv.NewReader(f)
-	r.Comma, r.LazyQuotes, r.FieldsPerRecord = '\t', true, -1
-	rows, err := r.ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []corpusFile
-	for _, row := range rows[1:] {
-		if len(row) < 6 {
-			t.Fatalf("SOURCES.tsv: short row %q", row)
-		}
-		out = append(out, corpusFile{name: row[0], repo: row[1], valid: row[4], notes: row[5]})
-	}
-	return out
-}
 
 func parseCorpusFile(t *testing.T, dir, name string) (*Config, error) {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return Parse(map[string][]byte{filepath.Base(name): data})
+	return Parse(corpustest.Read(t, dir, name))
 }
 
 // Every rule file people wrote for envoyproxy/ratelimit that it loads,
 // Sluice loads; every one it refuses, Sluice refuses, with errors that
 // each name the file and a line.
 func TestCorpusLoadsAsEnvoyproxyDoes(t *testing.T) {
-	dir := corpusDir(t)
-	files := corpusFiles(t, dir)
+	dir := corpustest.Dir(t)
 	loaded, refused := 0, 0
-	for _, f := range files {
-		_, err := parseCorpusFile(t, dir, f.name)
-		switch f.valid {
+	for _, f := range corpustest.Files(t, dir) {
+		_, err := parseCorpusFile(t, dir, f.Name)
+		switch f.Valid {
 		case "yes":
 			if err != nil {
-				t.Errorf("%s (%s) loads in envoyproxy/ratelimit; Sluice refuses it:\n%v", f.name, f.repo, err)
+				t.Errorf("%s (%s) loads in envoyproxy/ratelimit; Sluice refuses it:\n%v", f.Name, f.Repo, err)
 				continue
 			}
 			loaded++
 		case "no":
 			if err == nil {
-				t.Errorf("%s is refused by envoyproxy/ratelimit (%s); Sluice loads it", f.name, f.notes)
+				t.Errorf("%s is refused by envoyproxy/ratelimit (%s); Sluice loads it", f.Name, f.Notes)
 				continue
 			}
 			for _, e := range unjoin(err) {
 				var de *Error
-				if !errors.As(e, &de) || de.File != filepath.Base(f.name) || de.Line < 1 {
-					t.Errorf("%s: error without its file and line: %v", f.name, e)
+				if !errors.As(e, &de) || de.File != filepath.Base(f.Name) || de.Line < 1 {
+					t.Errorf("%s: error without its file and line: %v", f.Name, e)
 				}
 			}
 			refused++
 		default:
-			t.Errorf("SOURCES.tsv: %s has valid %q", f.name, f.valid)
+			t.Errorf("SOURCES.tsv: %s has valid %q", f.Name, f.Valid)
 		}
 	}
 	t.Logf("%d files loaded, %d refused, as envoyproxy/ratelimit does", loaded, refused)
@@ -119,23 +62,6 @@ func unjoin(err error) []error {
 	return []error{err}
 }
 
-// corpusCase is one case of the corpus's expectations.json: a request to
-// one file's rules and what envoyproxy/ratelimit's own tests assert of
-// its answer.
-type corpusCase struct {
-	ID       int         `json:"id"`
-	Test     string      `json:"test"`
-	File     string      `json:"file"`
-	Domain   string      `json:"domain"`
-	Entries  [][2]string `json:"entries"`
-	Load     []string    `json:"load"`
-	Override *struct {
-		RequestsPerUnit uint32 `json:"requests_per_unit"`
-		Unit            string `json:"unit"`
-	} `json:"override"`
-	Expect map[string]any `json:"expect"`
-}
-
 // Every case of envoyproxy/ratelimit's own config tests (and README
 // examples) that one Sluice can be asked selects what that service
 // selects: the limit or none, its rate and unit, its reported name,
@@ -144,15 +70,8 @@ type corpusCase struct {
 // counted and named: several files merged into one domain (envoyproxy's
 // MERGE_DOMAIN_CONFIG).
 func TestCorpusCasesSelectAsEnvoyproxyDoes(t *testing.T) {
-	dir := corpusDir(t)
-	raw, err := os.ReadFile(filepath.Join(dir, "expectations.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cases []corpusCase
-	if err := json.Unmarshal(raw, &cases); err != nil {
-		t.Fatal(err)
-	}
+	dir := corpustest.Dir(t)
+	cases := corpustest.Cases(t, dir)
 	asked, skipped := 0, map[string]int{}
 	for _, c := range cases {
 		if len(c.Load) > 1 {
@@ -161,17 +80,14 @@ func TestCorpusCasesSelectAsEnvoyproxyDoes(t *testing.T) {
 		}
 		asked++
 		cfg, err := parseCorpusFile(t, dir, c.File)
-		what := func() string {
-			return strings.Join([]string{c.Test, c.File, c.Domain}, " ") + " " + entriesString(c.Entries)
-		}
 		if c.Expect["result"] == "load_error" {
 			if err == nil {
-				t.Errorf("case %d (%s): envoyproxy/ratelimit refuses the file (%v); Sluice loads it", c.ID, what(), c.Expect["error_substring"])
+				t.Errorf("%v: envoyproxy/ratelimit refuses the file (%v); Sluice loads it", c, c.Expect["error_substring"])
 			}
 			continue
 		}
 		if err != nil {
-			t.Errorf("case %d (%s): %v", c.ID, what(), err)
+			t.Errorf("%v: %v", c, err)
 			continue
 		}
 		d := &rlv3.RateLimitDescriptor{}
@@ -187,12 +103,12 @@ func TestCorpusCasesSelectAsEnvoyproxyDoes(t *testing.T) {
 		switch c.Expect["result"] {
 		case "no_limit":
 			if limited {
-				t.Errorf("case %d (%s): no limit in envoyproxy/ratelimit; Sluice matched %s", c.ID, what(), m.Rule.Path)
+				t.Errorf("%v: no limit in envoyproxy/ratelimit; Sluice matched %s", c, m.Rule.Path)
 			}
 			continue
 		case "limit":
 			if !limited {
-				t.Errorf("case %d (%s): a limit in envoyproxy/ratelimit; Sluice has none (matched: %v)", c.ID, what(), ok)
+				t.Errorf("%v: a limit in envoyproxy/ratelimit; Sluice has none (matched: %v)", c, ok)
 				continue
 			}
 		default:
@@ -200,7 +116,7 @@ func TestCorpusCasesSelectAsEnvoyproxyDoes(t *testing.T) {
 		}
 		for field, want := range c.Expect {
 			if got, known := caseField(m, d, field); known && !reflect.DeepEqual(got, want) {
-				t.Errorf("case %d (%s): %s is %#v in envoyproxy/ratelimit, %#v in Sluice (rule %s)", c.ID, what(), field, want, got, m.Rule.Path)
+				t.Errorf("%v: %s is %#v in envoyproxy/ratelimit, %#v in Sluice (rule %s)", c, field, want, got, m.Rule.Path)
 			}
 		}
 	}
@@ -257,12 +173,4 @@ func unitName(period int64) string {
 		}
 	}
 	return "?"
-}
-
-func entriesString(entries [][2]string) string {
-	parts := make([]string, len(entries))
-	for i, e := range entries {
-		parts[i] = e[0] + "=" + e[1]
-	}
-	return "[" + strings.Join(parts, ",") + "]"
 }
