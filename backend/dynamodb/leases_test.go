@@ -219,8 +219,26 @@ func TestLeaseFollowsChangedLimits(t *testing.T) {
 	if _, err := e.admin(t, "").PutConfig(context.Background(), backend.RecordKey{Resource: "r"}, []bucket.Limit{lim(t, "x", "1/hour", 20)}, 0); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Millisecond) // past the config cache TTL
+	// Past the config cache's TTL the first decision starts a read of the
+	// records in the background and is decided on the old ones; the new
+	// limit applies once that read is back. Wait for it (a busy machine
+	// delays it) before counting.
+	time.Sleep(5 * time.Millisecond)
 	admitted := 0
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		e.clock.advance(10)
+		if d := mustDecide(t, b, req); d.Limits[0].Burst == 20*bucket.Milli {
+			if d.Allowed {
+				admitted++
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("decisions still use the old limit 5 s after it changed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	waitBackground(t, b)
 	for range 100 {
 		e.clock.advance(10)
 		if d := mustDecide(t, b, req); d.Allowed {
