@@ -34,6 +34,13 @@ type Options struct {
 	// ShadowMode answers OK to everything while still deciding and
 	// counting, for every rule (rules can also opt in one by one).
 	ShadowMode bool
+	// QuotaMode puts every limited descriptor in quota mode, as each rule
+	// with quota_mode is: see quotaOverall.
+	QuotaMode bool
+	// DynamicMetadata adds the response's dynamic_metadata, as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does: see
+	// dynamicMetadata.
+	DynamicMetadata bool
 	// OnBackendError is the failure policy.
 	OnBackendError FailurePolicy
 	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
@@ -159,14 +166,16 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
 	}
 	var headers headerState
+	var tally quotaTally
 	for i, d := range req.Descriptors {
 		m := matches[i]
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
+		unlimited := matched[i] && m.Rule != nil && m.Rule.Unlimited
 		switch {
 		case !matched[i] || m.Rule == nil:
 			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: knownDomain, Outcome: OutcomeUnmatched})
-		case m.Rule.Unlimited:
+		case unlimited:
 			// Unlimited wins over replaces, as in envoyproxy/ratelimit.
 			st.LimitRemaining = math.MaxUint32
 			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: true, Rule: m.Rule, Entity: m.Entity, Outcome: OutcomeUnlimited})
@@ -181,15 +190,24 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 			}
 			headers.observe(st)
 		}
-		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		over := st.Code == rlsv3.RateLimitResponse_OVER_LIMIT
+		if !unlimited {
+			tally.count(i, over, s.opts.QuotaMode || (matched[i] && m.Rule != nil && m.Rule.QuotaMode))
+		}
+		if over {
 			s.stats.over.Add(1)
 		} else {
 			s.stats.ok.Add(1)
 		}
 	}
+	if tally.over() {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
 	if s.opts.ResponseHeaders {
 		resp.ResponseHeadersToAdd = headers.headers()
+	}
+	if s.opts.DynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, matches, matched, tally.passed)
 	}
 	return resp, nil
 }

@@ -48,6 +48,8 @@ type serveOptions struct {
 	leaseHorizon                  time.Duration
 	memoryMaxBuckets              int
 	shadowMode                    bool
+	quotaMode                     bool
+	dynamicMetadata               bool
 	responseHeaders               bool
 	pprof                         bool
 	shutdownTimeout               time.Duration
@@ -116,6 +118,8 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.leaseHorizon, "lease-horizon", ddb.DefaultLeaseHorizon, "dynamodb backend: how long the tokens a replica leases from a bucket should last at its own demand (most decisions then need no DynamoDB call); 0 turns leases off: every allowed decision writes")
 	f.IntVar(&o.memoryMaxBuckets, "memory-max-buckets", memory.DefaultMaxBuckets, "memory backend: most buckets held; least recently used go first")
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
+	f.BoolVar(&o.quotaMode, "quota-mode", false, "treat every limited descriptor as quota_mode does: over its limit, it fails a request only when all of the request's quota-mode descriptors are")
+	f.BoolVar(&o.dynamicMetadata, "response-dynamic-metadata", false, "add dynamic metadata to every answer: the domain, the descriptors and the metadata of the rules that passed")
 	f.BoolVar(&o.responseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to responses")
 	f.BoolVar(&o.pprof, "pprof", false, "serve /debug/pprof/ on the debug address")
 	// Far above what a healthy replica holds (docs/serve.md's "Overload"
@@ -229,6 +233,8 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 	}
 	s.service = ratelimit.New(rules, tel.Backend(o.backend, decider), ratelimit.Options{
 		ShadowMode:      o.shadowMode,
+		QuotaMode:       o.quotaMode,
+		DynamicMetadata: o.dynamicMetadata,
 		OnBackendError:  policy,
 		ResponseHeaders: o.responseHeaders,
 		Logger:          log,
@@ -585,6 +591,7 @@ type ruleView struct {
 	Limits    []string `json:"limits,omitempty"`
 	Unlimited bool     `json:"unlimited,omitempty"`
 	Shadow    bool     `json:"shadow_mode,omitempty"`
+	Quota     bool     `json:"quota_mode,omitempty"`
 	Replaces  []string `json:"replaces,omitempty"`
 }
 
@@ -619,7 +626,7 @@ func (s *server) describe() configView {
 	}
 	for _, r := range cfg.Rules() {
 		rv := ruleView{Domain: r.Domain, Path: r.Path, Source: fmt.Sprintf("%s:%d", r.File, r.Line),
-			Name: r.Name, Unlimited: r.Unlimited, Shadow: r.ShadowMode, Replaces: r.Replaces}
+			Name: r.Name, Unlimited: r.Unlimited, Shadow: r.ShadowMode, Quota: r.QuotaMode, Replaces: r.Replaces}
 		for _, l := range r.Limits {
 			rv.Limits = append(rv.Limits, l.String())
 		}
