@@ -1,0 +1,165 @@
+package descriptors
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/sluice-rl/sluice/descriptors/corpustest"
+)
+
+// asRateLimitConfig reads a rule file as the RateLimitConfig resource an
+// xDS server would send for it. It reports false for a file that uses a
+// key the resource has no field for (value_to_metric, share_threshold,
+// Sluice's own keys): over xDS such a file cannot be said.
+func asRateLimitConfig(t *testing.T, data []byte) (*rlconfv3.RateLimitConfig, bool) {
+	t.Helper()
+	var doc any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	expressible := true
+	var strip func(v any)
+	strip = func(v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, e := range x {
+				switch k {
+				case "value_to_metric", "share_threshold":
+					if e == true {
+						expressible = false
+					}
+					delete(x, k)
+				case "limits", "entity", "resource", "parent":
+					expressible = false
+				case "metadata":
+					continue
+				case "unit":
+					if u, ok := e.(string); ok {
+						x[k] = strings.ToUpper(u) // the enum's names; files take any case
+					}
+				case "key", "value", "name", "domain":
+					if e != nil {
+						x[k] = fmt.Sprint(e) // a file's `value: 500` is the string "500"
+					}
+				}
+				strip(e)
+			}
+		case []any:
+			for _, e := range x {
+				strip(e)
+			}
+		}
+	}
+	strip(doc)
+	js, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c rlconfv3.RateLimitConfig
+	if err := (protojson.UnmarshalOptions{}).Unmarshal(js, &c); err != nil {
+		return nil, false // not the resource's shape (a value that is a number, say)
+	}
+	return &c, expressible
+}
+
+// Every rule file of the corpus that a RateLimitConfig resource can say
+// (Envoy Gateway's dumps among them) reads the same over xDS as from its
+// file: the same rules, in the same order, with the same limits, flags,
+// names, replaces and metadata.
+func TestRateLimitConfigsReadAsTheirFiles(t *testing.T) {
+	dir := corpustest.Dir(t)
+	compared := 0
+	for _, f := range corpustest.Files(t, dir) {
+		if f.Valid != "yes" {
+			continue
+		}
+		files := corpustest.Read(t, dir, f.Name)
+		var data []byte
+		for _, d := range files {
+			data = d
+		}
+		res, ok := asRateLimitConfig(t, data)
+		if !ok {
+			continue
+		}
+		want, err := Parse(files)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := FromRateLimitConfigs([]*rlconfv3.RateLimitConfig{res})
+		if err != nil {
+			t.Errorf("%s over xDS: %v", f.Name, err)
+			continue
+		}
+		compared++
+		if !reflect.DeepEqual(got.Domains(), want.Domains()) || got.Name(res.GetDomain()) != want.Name(res.GetDomain()) {
+			t.Errorf("%s: domains %v (%q), from the file %v (%q)", f.Name, got.Domains(), got.Name(res.GetDomain()), want.Domains(), want.Name(res.GetDomain()))
+		}
+		gr, wr := got.Rules(), want.Rules()
+		if len(gr) != len(wr) {
+			t.Errorf("%s: %d rules over xDS, %d from the file", f.Name, len(gr), len(wr))
+			continue
+		}
+		for i := range gr {
+			if a, b := ruleSummary(gr[i]), ruleSummary(wr[i]); !reflect.DeepEqual(a, b) {
+				t.Errorf("%s: rule %d over xDS %+v, from the file %+v", f.Name, i, a, b)
+			}
+		}
+	}
+	t.Logf("%d corpus files compared", compared)
+	if compared < 40 {
+		t.Errorf("only %d files compared", compared)
+	}
+}
+
+// ruleSummary is what a rule says, without where it was written.
+func ruleSummary(r *Rule) map[string]any {
+	return map[string]any{"path": r.Path, "name": r.Name, "limits": r.Limits, "unlimited": r.Unlimited,
+		"shadow": r.ShadowMode, "quota": r.QuotaMode, "detailed": r.DetailedMetric, "replaces": r.Replaces,
+		"metadata": r.Metadata}
+}
+
+// A snapshot that would not load as a file is refused with an error that
+// names the resource and what is wrong with it.
+func TestRateLimitConfigsRefused(t *testing.T) {
+	limited := func(key string, unit rlconfv3.RateLimitUnit, rpu uint32) *rlconfv3.RateLimitDescriptor {
+		return &rlconfv3.RateLimitDescriptor{Key: key, RateLimit: &rlconfv3.RateLimitPolicy{Unit: unit, RequestsPerUnit: rpu}}
+	}
+	for _, c := range []struct {
+		name string
+		cfgs []*rlconfv3.RateLimitConfig
+		want []string
+	}{
+		{"empty domain", []*rlconfv3.RateLimitConfig{{Name: "gw"}}, []string{"xds:gw", "empty domain"}},
+		{"duplicate domain", []*rlconfv3.RateLimitConfig{{Name: "a", Domain: "d"}, {Name: "b", Domain: "d"}},
+			[]string{"xds:b", `duplicate domain "d"`, "xds:a"}},
+		{"unit unknown", []*rlconfv3.RateLimitConfig{{Name: "gw", Domain: "d",
+			Descriptors: []*rlconfv3.RateLimitDescriptor{limited("k", rlconfv3.RateLimitUnit_UNKNOWN, 5)}}},
+			[]string{"xds:gw", `invalid unit "unknown"`}},
+		{"empty key", []*rlconfv3.RateLimitConfig{{Name: "gw", Domain: "d",
+			Descriptors: []*rlconfv3.RateLimitDescriptor{limited("", rlconfv3.RateLimitUnit_SECOND, 5)}}},
+			[]string{"xds:gw", "empty key"}},
+		{"duplicate descriptor", []*rlconfv3.RateLimitConfig{{Name: "gw", Domain: "d",
+			Descriptors: []*rlconfv3.RateLimitDescriptor{limited("k", rlconfv3.RateLimitUnit_SECOND, 5), limited("k", rlconfv3.RateLimitUnit_MINUTE, 5)}}},
+			[]string{"xds:gw", `duplicate descriptor: key "k"`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := FromRateLimitConfigs(c.cfgs)
+			if err == nil {
+				t.Fatalf("loaded: %v", cfg.Domains())
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+}
