@@ -1,73 +1,14 @@
 package descriptors
 
 import (
-	"encoding/json"
-	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
-	"go.yaml.in/yaml/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluice-rl/sluice/descriptors/corpustest"
 )
-
-// asRateLimitConfig reads a rule file as the RateLimitConfig resource an
-// xDS server would send for it. It reports false for a file that uses a
-// key the resource has no field for (value_to_metric, share_threshold,
-// Sluice's own keys): over xDS such a file cannot be said.
-func asRateLimitConfig(t *testing.T, data []byte) (*rlconfv3.RateLimitConfig, bool) {
-	t.Helper()
-	var doc any
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		t.Fatal(err)
-	}
-	expressible := true
-	var strip func(v any)
-	strip = func(v any) {
-		switch x := v.(type) {
-		case map[string]any:
-			for k, e := range x {
-				switch k {
-				case "value_to_metric", "share_threshold":
-					if e == true {
-						expressible = false
-					}
-					delete(x, k)
-				case "limits", "entity", "resource", "parent":
-					expressible = false
-				case "metadata":
-					continue
-				case "unit":
-					if u, ok := e.(string); ok {
-						x[k] = strings.ToUpper(u) // the enum's names; files take any case
-					}
-				case "key", "value", "name", "domain":
-					if e != nil {
-						x[k] = fmt.Sprint(e) // a file's `value: 500` is the string "500"
-					}
-				}
-				strip(e)
-			}
-		case []any:
-			for _, e := range x {
-				strip(e)
-			}
-		}
-	}
-	strip(doc)
-	js, err := json.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var c rlconfv3.RateLimitConfig
-	if err := (protojson.UnmarshalOptions{}).Unmarshal(js, &c); err != nil {
-		return nil, false // not the resource's shape (a value that is a number, say)
-	}
-	return &c, expressible
-}
 
 // Every rule file of the corpus that a RateLimitConfig resource can say
 // (Envoy Gateway's dumps among them) reads the same over xDS as from its
@@ -85,7 +26,7 @@ func TestRateLimitConfigsReadAsTheirFiles(t *testing.T) {
 		for _, d := range files {
 			data = d
 		}
-		res, ok := asRateLimitConfig(t, data)
+		res, ok := corpustest.RateLimitConfig(t, data)
 		if !ok {
 			continue
 		}
