@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -78,28 +77,42 @@ A check that consumes (--hits 1, the default) counts like real traffic.`,
 
 // transport is plaintext, or TLS when --tls-ca is given.
 func (o checkOptions) transport() (credentials.TransportCredentials, error) {
-	if o.tlsCA == "" {
-		if o.tlsCert != "" || o.tlsKey != "" {
-			return nil, usageError{errors.New("--tls-client-cert and --tls-client-key need --tls-ca")}
+	return clientTLS{ca: o.tlsCA, cert: o.tlsCert, key: o.tlsKey,
+		caFlag: "--tls-ca", certFlag: "--tls-client-cert", keyFlag: "--tls-client-key"}.transport()
+}
+
+// clientTLS is the TLS a client of Sluice's commands connects with: a CA
+// bundle to trust and, for mutual TLS, a certificate and its key, each
+// named by its flag in errors.
+type clientTLS struct {
+	ca, cert, key             string
+	caFlag, certFlag, keyFlag string
+}
+
+// transport is plaintext without a CA, TLS with one.
+func (c clientTLS) transport() (credentials.TransportCredentials, error) {
+	if c.ca == "" {
+		if c.cert != "" || c.key != "" {
+			return nil, usageError{fmt.Errorf("%s and %s need %s", c.certFlag, c.keyFlag, c.caFlag)}
 		}
 		return insecure.NewCredentials(), nil
 	}
-	if (o.tlsCert == "") != (o.tlsKey == "") {
-		return nil, usageError{errors.New("--tls-client-cert and --tls-client-key go together")}
+	if (c.cert == "") != (c.key == "") {
+		return nil, usageError{fmt.Errorf("%s and %s go together", c.certFlag, c.keyFlag)}
 	}
-	pemData, err := os.ReadFile(o.tlsCA)
+	pemData, err := os.ReadFile(c.ca)
 	if err != nil {
-		return nil, fmt.Errorf("--tls-ca: %w", err)
+		return nil, fmt.Errorf("%s: %w", c.caFlag, err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pemData) {
-		return nil, fmt.Errorf("--tls-ca %s: no PEM certificate in it", o.tlsCA)
+		return nil, fmt.Errorf("%s %s: no PEM certificate in it", c.caFlag, c.ca)
 	}
 	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	if o.tlsCert != "" {
-		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+	if c.cert != "" {
+		cert, err := tls.LoadX509KeyPair(c.cert, c.key)
 		if err != nil {
-			return nil, fmt.Errorf("--tls-client-cert/--tls-client-key: %w", err)
+			return nil, fmt.Errorf("%s/%s: %w", c.certFlag, c.keyFlag, err)
 		}
 		cfg.Certificates = []tls.Certificate{cert}
 	}

@@ -27,7 +27,6 @@ import (
 	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/memory"
 	"github.com/sluice-rl/sluice/certs"
-	"github.com/sluice-rl/sluice/descriptors"
 	"github.com/sluice-rl/sluice/ratelimit"
 	"github.com/sluice-rl/sluice/telemetry"
 )
@@ -36,6 +35,9 @@ import (
 type serveOptions struct {
 	grpcAddr, httpAddr, debugAddr string
 	configDir                     string
+	xdsServer, xdsNodeID          string
+	xdsCA, xdsCert, xdsKey        string
+	xdsStartWithoutRules          bool
 	backend                       string
 	overrides                     string
 	table, region, endpoint       string
@@ -104,7 +106,13 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.grpcAddr, "grpc-addr", ":8081", "address of the gRPC RateLimitService (and gRPC health, reflection)")
 	f.StringVar(&o.httpAddr, "http-addr", ":8080", "address of /healthz and /readyz")
 	f.StringVar(&o.debugAddr, "debug-addr", "127.0.0.1:6070", "address of /debug/config (and pprof with --pprof); empty disables it")
-	f.StringVar(&o.configDir, "config-dir", "examples/config", "directory of rule files (*.yaml), hot-reloaded")
+	f.StringVar(&o.configDir, "config-dir", "examples/config", "directory of rule files (*.yaml), hot-reloaded; not read with --xds-server")
+	f.StringVar(&o.xdsServer, "xds-server", "", "take the rules from this xDS server (host:port) instead of --config-dir: RateLimitConfig resources over ADS, as Envoy Gateway sends them")
+	f.StringVar(&o.xdsNodeID, "xds-node-id", "", "the node ID this replica gives the xDS server; required with --xds-server")
+	f.StringVar(&o.xdsCA, "xds-tls-ca", "", "connect to the xDS server with TLS, trusting this CA bundle (PEM)")
+	f.StringVar(&o.xdsCert, "xds-tls-cert", "", "client certificate (PEM) for mutual TLS with the xDS server; needs --xds-tls-ca")
+	f.StringVar(&o.xdsKey, "xds-tls-key", "", "the key of --xds-tls-cert (PEM)")
+	f.BoolVar(&o.xdsStartWithoutRules, "xds-start-without-rules", false, "serve at once, limiting nothing until the xDS server's first rules arrive, instead of waiting for them")
 	f.StringVar(&o.backend, "backend", "memory", "where buckets live: memory or dynamodb")
 	f.StringVar(&o.overrides, "overrides", "", "memory backend: YAML file of entity, resource and system limits")
 	f.StringVar(&o.table, "table", "", "dynamodb backend: the table (create it with sluice table create)")
@@ -166,7 +174,7 @@ type server struct {
 	health                  *health.Server
 	httpSrv, debugSrv       *http.Server
 	grpcLn, httpLn, debugLn net.Listener
-	rules                   *descriptors.Watcher
+	rules                   ruleSource
 	backend                 servedBackend
 	telemetry               *telemetry.Telemetry
 	admission               *admission.Controller
@@ -210,12 +218,12 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 		return nil, err
 	}
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
-	rules, err := descriptors.Watch(watchCtx, o.configDir, log)
+	rules, err := openRules(ctx, watchCtx, o, log)
 	if err != nil {
 		stopWatch()
 		be.Close()
 		tel.Shutdown(context.WithoutCancel(ctx))
-		return nil, err // it names the directory, and each file:line at fault
+		return nil, err // it names the directory, and each file:line at fault (or the xDS server)
 	}
 	s := &server{
 		log:             log,
@@ -292,7 +300,7 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 	log.Info("sluice serving",
 		slog.String("grpc", s.grpcLn.Addr().String()), slog.String("http", s.httpLn.Addr().String()),
 		slog.String("debug", addrOf(s.debugLn)), slog.String("backend", o.backend),
-		slog.String("config_dir", o.configDir), slog.Int("domains", len(rules.Current().Domains())),
+		slog.String("rules", rulesFrom(o)), slog.Int("domains", len(rules.Current().Domains())),
 		slog.String("on_backend_error", policy.String()), slog.Bool("shadow_mode", o.shadowMode),
 		slog.Int("max_concurrent_calls", limits.MaxInFlight), slog.Int("max_queued_calls", limits.MaxQueued))
 	return s, nil
