@@ -11,6 +11,10 @@ RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/sluice ./cmd/sluic
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/sluice /usr/local/bin/sluice
+# Envoy Gateway runs its rate-limit image as /bin/ratelimit with
+# envoyproxy/ratelimit's environment; under that name Sluice reads it
+# (docs/envoy-gateway.md). A copy: distroless has no shell to link with.
+COPY --from=build /out/sluice /bin/ratelimit
 # The example rules, so the image runs as it is; mount your own over
 # /etc/sluice/config (a ConfigMap volume is hot-reloaded).
 COPY examples/config /etc/sluice/config

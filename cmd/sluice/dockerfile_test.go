@@ -81,7 +81,7 @@ func TestDockerfileRunsAsNonRoot(t *testing.T) {
 	}
 
 	var user, entrypoint, healthcheck, cmdArgs []string
-	var binary string
+	var binary, asRatelimit string
 	for _, in := range final {
 		switch in.cmd {
 		case "USER":
@@ -98,7 +98,11 @@ func TestDockerfileRunsAsNonRoot(t *testing.T) {
 			healthcheck = execForm(t, in, rest)
 		case "COPY":
 			if f := strings.Fields(in.args); strings.HasPrefix(in.args, "--from=") && len(f) == 3 && strings.HasSuffix(f[1], "/sluice") {
-				binary = f[2]
+				if filepath.Base(f[2]) == ratelimitName {
+					asRatelimit = f[2]
+				} else {
+					binary = f[2]
+				}
 			}
 		case "ENV":
 			for _, v := range []string{"SLUICE_DEBUG_ADDR", "SLUICE_PPROF", "SLUICE_LOG_LEVEL"} {
@@ -121,6 +125,10 @@ func TestDockerfileRunsAsNonRoot(t *testing.T) {
 
 	if binary == "" {
 		t.Fatal("Dockerfile: the final stage copies no sluice binary from the build stage")
+	}
+	// Envoy Gateway starts its rate-limit image's /bin/ratelimit.
+	if asRatelimit != "/bin/"+ratelimitName {
+		t.Errorf("Dockerfile: the binary is at %q as ratelimit, want /bin/ratelimit (Envoy Gateway's command)", asRatelimit)
 	}
 	// What any stage copies from the repository exists: a renamed file
 	// would break the build no test here runs.

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -23,7 +24,23 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	args := os.Args[1:]
+	if filepath.Base(os.Args[0]) == ratelimitName {
+		// Started as envoyproxy/ratelimit (Envoy Gateway's pod): serve,
+		// configured from that service's environment.
+		flags, ignored, err := ratelimitArgs(os.LookupEnv)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sluice (as ratelimit):", err)
+			os.Exit(2)
+		}
+		log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+		for _, note := range ignored {
+			name, why, _ := strings.Cut(note, ": ")
+			log.Warn("envoyproxy/ratelimit setting ignored", slog.String("setting", name), slog.String("why", why))
+		}
+		args = append(append([]string{"serve"}, flags...), args...)
+	}
+	os.Exit(run(ctx, args, os.Stdout, os.Stderr))
 }
 
 // usageError marks a mistake in the command line (exit code 2).

@@ -474,6 +474,16 @@ func (s *server) httpHandler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
+	// envoyproxy/ratelimit's health check, which Envoy Gateway's pod
+	// probes: OK while serving (with or without rules yet), not once
+	// shutting down.
+	mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, _ *http.Request) {
+		if s.shuttingDown.Load() {
+			http.Error(w, "shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "OK")
+	})
 	mux.Handle("GET /metrics", s.telemetry.MetricsHandler())
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if err := s.ready(r.Context()); err != nil {

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// ratelimitName is the name Envoy Gateway starts its rate-limit image
+// with (/bin/ratelimit). Run under it, Sluice is `sluice serve` configured
+// from envoyproxy/ratelimit's environment variables, so the pod Envoy
+// Gateway deploys works with Sluice's image in place of that service's.
+const ratelimitName = "ratelimit"
+
+// ratelimitIgnored lists envoyproxy/ratelimit's settings that Sluice
+// cannot honour, each with why: set, they are named at start.
+func ratelimitIgnored() map[string]string {
+	return map[string]string{
+		"USE_STATSD":                     "Sluice serves Prometheus metrics on PORT's /metrics, not statsd",
+		"STATSD_HOST":                    "no statsd",
+		"STATSD_PORT":                    "no statsd",
+		"USE_PROMETHEUS":                 "metrics are always on PORT's /metrics",
+		"PROMETHEUS_ADDR":                "metrics are on PORT's /metrics",
+		"PROMETHEUS_PATH":                "metrics are on /metrics",
+		"REDIS_URL":                      "state is in memory (SLUICE_BACKEND=dynamodb shares it across replicas)",
+		"REDIS_SOCKET_TYPE":              "no Redis",
+		"REDIS_TYPE":                     "no Redis",
+		"REDIS_AUTH":                     "no Redis",
+		"REDIS_TLS":                      "no Redis",
+		"REDIS_POOL_SIZE":                "no Redis",
+		"REDIS_PIPELINE_WINDOW":          "no Redis",
+		"REDIS_PIPELINE_LIMIT":           "no Redis",
+		"REDIS_PERSECOND":                "no Redis",
+		"MEMCACHE_HOST_PORT":             "no Memcached",
+		"BACKEND_TYPE":                   "state is in memory (SLUICE_BACKEND=dynamodb shares it across replicas)",
+		"RUNTIME_IGNOREDOTFILES":         "rule files whose names start with '.' are always skipped",
+		"RUNTIME_WATCH_ROOT":             "the rules directory is always watched",
+		"LOCAL_CACHE_SIZE_IN_BYTES":      "over-limit answers are cached by the backend's own rules",
+		"NEAR_LIMIT_RATIO":               "use SLUICE_NEAR_LIMIT_RATIO",
+		"EXPIRATION_JITTER_MAX_SECONDS":  "buckets expire by their TTL rules",
+		"MERGE_DOMAIN_CONFIG":            "a domain may be defined by one rule set only",
+		"TRACING_ENABLED":                "use SLUICE_OTLP_ENDPOINT",
+		"LIMIT_RESPONSE_HEADERS_ENABLED": "use SLUICE_RESPONSE_HEADERS",
+	}
+}
+
+// ratelimitArgs turns envoyproxy/ratelimit's environment (lookup) into
+// `sluice serve` flags, and lists the variables set that it ignored, each
+// with why. The defaults are that service's: gRPC on 0.0.0.0:8081, HTTP
+// (health checks and metrics) on 0.0.0.0:8080, debug on 0.0.0.0:6070,
+// rules from RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config.
+func ratelimitArgs(lookup func(string) (string, bool)) (args, ignored []string, err error) {
+	get := func(name, def string) string {
+		if v, ok := lookup(name); ok && v != "" {
+			return v
+		}
+		return def
+	}
+	on := func(name string) (bool, error) {
+		v, ok := lookup(name)
+		if !ok || v == "" {
+			return false, nil
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return false, fmt.Errorf("%s=%q: want true or false", name, v)
+		}
+		return b, nil
+	}
+	addr := func(host, port, defPort string) string {
+		return net.JoinHostPort(get(host, "0.0.0.0"), get(port, defPort))
+	}
+	args = append(args,
+		"--grpc-addr", addr("GRPC_HOST", "GRPC_PORT", "8081"),
+		"--http-addr", addr("HOST", "PORT", "8080"),
+		"--debug-addr", addr("DEBUG_HOST", "DEBUG_PORT", "6070"))
+	if v, ok := lookup("LOG_LEVEL"); ok && v != "" {
+		lv := strings.ToLower(v)
+		switch lv {
+		case "warning":
+			lv = "warn"
+		case "trace":
+			lv = "debug"
+		case "fatal", "panic":
+			lv = "error"
+		}
+		args = append(args, "--log-level", lv)
+	}
+	if v, ok := lookup("LOG_FORMAT"); ok && v != "" {
+		args = append(args, "--log-format", strings.ToLower(v))
+	}
+	flags := []struct {
+		env, flag string
+	}{{"SHADOW_MODE", "--shadow-mode"}, {"QUOTA_MODE", "--quota-mode"}, {"RESPONSE_DYNAMIC_METADATA", "--response-dynamic-metadata"}}
+	for _, f := range flags {
+		b, err := on(f.env)
+		if err != nil {
+			return nil, nil, err
+		}
+		if b {
+			args = append(args, f.flag)
+		}
+	}
+	switch t := get("CONFIG_TYPE", "FILE"); strings.ToUpper(t) {
+	case "FILE":
+		args = append(args, "--config-dir", filepath.Join(get("RUNTIME_ROOT", "/srv/runtime_data/current"), get("RUNTIME_SUBDIRECTORY", ""), "config"))
+	case "GRPC_XDS_SOTW":
+		args = append(args, "--xds-server", get("CONFIG_GRPC_XDS_SERVER_URL", ""), "--xds-node-id", get("CONFIG_GRPC_XDS_NODE_ID", ""))
+		tlsOn, err := on("CONFIG_GRPC_XDS_SERVER_USE_TLS")
+		if err != nil {
+			return nil, nil, err
+		}
+		if tlsOn {
+			args = append(args, "--xds-tls-ca", get("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ""))
+			if cert := get("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", ""); cert != "" {
+				args = append(args, "--xds-tls-cert", cert, "--xds-tls-key", get("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", ""))
+			}
+		}
+		force, err := on("FORCE_START_WITHOUT_INITIAL_CONFIG")
+		if err != nil {
+			return nil, nil, err
+		}
+		if force {
+			args = append(args, "--xds-start-without-rules")
+		}
+		for _, name := range []string{"RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY"} {
+			if _, ok := lookup(name); ok {
+				ignored = append(ignored, name+": the rules come from the xDS server")
+			}
+		}
+	default:
+		return nil, nil, fmt.Errorf("CONFIG_TYPE=%q: want FILE or GRPC_XDS_SOTW", t)
+	}
+	tlsOn, err := on("GRPC_SERVER_USE_TLS")
+	if err != nil {
+		return nil, nil, err
+	}
+	if tlsOn {
+		args = append(args, "--tls-cert", get("GRPC_SERVER_TLS_CERT", ""), "--tls-key", get("GRPC_SERVER_TLS_KEY", ""))
+		if ca := get("GRPC_SERVER_TLS_CA_CERT", ""); ca != "" {
+			args = append(args, "--tls-client-ca", ca)
+		}
+	}
+	for name, why := range ratelimitIgnored() {
+		if _, ok := lookup(name); ok {
+			ignored = append(ignored, name+": "+why)
+		}
+	}
+	slices.Sort(ignored)
+	return args, ignored, nil
+}

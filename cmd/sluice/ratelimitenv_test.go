@@ -1,0 +1,257 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/sluice-rl/sluice/certs/certstest"
+)
+
+// egDefaultEnv is the environment of Envoy Gateway's default rate-limit
+// Deployment (its testdata deployments/default.yaml), in order.
+var egDefaultEnv = [][2]string{
+	{"RUNTIME_ROOT", "/data"},
+	{"RUNTIME_SUBDIRECTORY", "ratelimit"},
+	{"RUNTIME_IGNOREDOTFILES", "true"},
+	{"RUNTIME_WATCH_ROOT", "false"},
+	{"LOG_LEVEL", "info"},
+	{"USE_STATSD", "true"},
+	{"STATSD_PORT", "9125"},
+	{"CONFIG_TYPE", "GRPC_XDS_SOTW"},
+	{"CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"},
+	{"CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"},
+	{"GRPC_SERVER_USE_TLS", "true"},
+	{"GRPC_SERVER_TLS_CERT", "/certs/tls.crt"},
+	{"GRPC_SERVER_TLS_KEY", "/certs/tls.key"},
+	{"GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"},
+	{"CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"},
+	{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"},
+	{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"},
+	{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"},
+	{"FORCE_START_WITHOUT_INITIAL_CONFIG", "true"},
+	{"REDIS_SOCKET_TYPE", "tcp"},
+	{"REDIS_URL", "redis.redis.svc:6379"},
+}
+
+func lookupIn(env [][2]string) func(string) (string, bool) {
+	return func(name string) (string, bool) {
+		for _, kv := range env {
+			if kv[0] == name {
+				return kv[1], true
+			}
+		}
+		return "", false
+	}
+}
+
+// Envoy Gateway's environment becomes serve's flags: its ports, log level,
+// xDS server and node over mutual TLS, a start without rules, and gRPC
+// over mutual TLS; what Sluice cannot honour is named, with why.
+func TestRatelimitEnvOfEnvoyGateway(t *testing.T) {
+	args, ignored, err := ratelimitArgs(lookupIn(egDefaultEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"--grpc-addr", "0.0.0.0:8081", "--http-addr", "0.0.0.0:8080", "--debug-addr", "0.0.0.0:6070",
+		"--log-level", "info",
+		"--xds-server", "envoy-gateway:18001", "--xds-node-id", "envoy-ratelimit",
+		"--xds-tls-ca", "/certs/ca.crt", "--xds-tls-cert", "/certs/tls.crt", "--xds-tls-key", "/certs/tls.key",
+		"--xds-start-without-rules",
+		"--tls-cert", "/certs/tls.crt", "--tls-key", "/certs/tls.key", "--tls-client-ca", "/certs/ca.crt"}
+	if !reflect.DeepEqual(args, want) {
+		t.Errorf("flags\n got %q\nwant %q", args, want)
+	}
+	var names []string
+	for _, n := range ignored {
+		name, _, _ := strings.Cut(n, ":")
+		names = append(names, name)
+	}
+	wantIgnored := []string{"REDIS_SOCKET_TYPE", "REDIS_URL", "RUNTIME_IGNOREDOTFILES", "RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY",
+		"RUNTIME_WATCH_ROOT", "STATSD_PORT", "USE_STATSD"}
+	if !reflect.DeepEqual(names, wantIgnored) {
+		t.Errorf("ignored %q, want %q", names, wantIgnored)
+	}
+	// The file-based default of envoyproxy/ratelimit, and bad values.
+	args, _, err = ratelimitArgs(lookupIn([][2]string{{"RUNTIME_ROOT", "/srv"}, {"RUNTIME_SUBDIRECTORY", "rl"}, {"LOG_LEVEL", "WARNING"}}))
+	if err != nil || !strings.Contains(strings.Join(args, " "), "--log-level warn --config-dir /srv/rl/config") {
+		t.Errorf("file config: %q %v", args, err)
+	}
+	for _, bad := range [][2]string{{"CONFIG_TYPE", "CONSUL"}, {"GRPC_SERVER_USE_TLS", "yes please"}} {
+		if _, _, err := ratelimitArgs(lookupIn([][2]string{bad})); err == nil || !strings.Contains(err.Error(), bad[0]) {
+			t.Errorf("%s=%s: %v, want an error naming it", bad[0], bad[1], err)
+		}
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// The binary started as /bin/ratelimit with Envoy Gateway's environment
+// (paths and addresses moved to the test's own) answers /healthcheck
+// before any rules have come, takes them from the xDS server over mutual
+// TLS, and serves gRPC over mutual TLS with them.
+func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
+	x := startTestXDS(t)
+	dir := t.TempDir()
+	ca := certstest.NewCA(t, "eg-ca")
+	caFile := filepath.Join(dir, "ca.crt")
+	certstest.WriteFile(t, caFile, ca.PEM)
+	srvCert, srvKey := ca.Issue(t, "localhost", true).Write(t, t.TempDir())
+	bin := filepath.Join(dir, "bin", ratelimitName)
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(exe, bin); err != nil {
+		t.Fatal(err)
+	}
+	grpcPort, httpPort := freePort(t), freePort(t)
+	moved := map[string]string{
+		"CONFIG_GRPC_XDS_SERVER_URL":        x.addr,
+		"CONFIG_GRPC_XDS_NODE_ID":           "sluice-test",
+		"GRPC_SERVER_TLS_CERT":              srvCert,
+		"GRPC_SERVER_TLS_KEY":               srvKey,
+		"GRPC_SERVER_TLS_CA_CERT":           caFile,
+		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT":   x.cert,
+		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY":    x.key,
+		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT": x.caFile,
+		"RUNTIME_ROOT":                      dir,
+	}
+	env := append(os.Environ(), runMainEnv+"=1", "GRPC_HOST=127.0.0.1", "GRPC_PORT="+grpcPort,
+		"HOST=127.0.0.1", "PORT="+httpPort, "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+freePort(t))
+	for _, kv := range egDefaultEnv {
+		v := kv[1]
+		if m, ok := moved[kv[0]]; ok {
+			v = m
+		}
+		env = append(env, kv[0]+"="+v)
+	}
+	out := &syncBuffer{}
+	cmd := exec.Command(bin)
+	cmd.Env, cmd.Stdout, cmd.Stderr = env, out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	waitUntil(t, 20*time.Second, "/healthcheck answering 200 before any rules", func() bool {
+		resp, err := httpGet("http://127.0.0.1:" + httpPort + "/healthcheck")
+		return err == nil && resp == 200
+	})
+	if !strings.Contains(out.String(), "envoyproxy/ratelimit setting ignored") || !strings.Contains(out.String(), "REDIS_URL") {
+		t.Errorf("the ignored settings are not named:\n%s", out.String())
+	}
+	x.set(t, "v1", perMinute("gw", 1))
+
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	creds := credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "localhost",
+		Certificates: []tls.Certificate{ca.Issue(t, "envoy", false).TLSCert(t)}})
+	conn, err := grpc.NewClient("127.0.0.1:"+grpcPort, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	waitUntil(t, 10*time.Second, "the xDS rules in force", func() bool {
+		resp, err := ask(c, "gw", "client", "probe")
+		return err == nil && resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() == 1
+	})
+	resp, err := ask(c, "gw", "client", "c1")
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("first call: %v %v\n%s", resp, err, out.String())
+	}
+	if resp, err = ask(c, "gw", "client", "c1"); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("second call under 1/minute: %v %v", resp, err)
+	}
+}
+
+func httpGet(url string) (int, error) {
+	resp, err := (&http.Client{Timeout: time.Second}).Get(url)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// docs/envoy-gateway.md names every variable Sluice reads or ignores as
+// envoyproxy/ratelimit, and each one it names is read (setting it changes
+// serve's flags) or ignored with a reason.
+func TestEnvoyGatewayDocNamesEveryVariable(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "docs", "envoy-gateway.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		cell := strings.SplitN(line, "|", 3)[1]
+		for _, m := range regexp.MustCompile("`([A-Z_]+)`").FindAllStringSubmatch(cell, -1) {
+			documented[m[1]] = true
+		}
+	}
+	ignored := ratelimitIgnored()
+	for name := range ignored {
+		if !documented[name] {
+			t.Errorf("%s is ignored but not in docs/envoy-gateway.md", name)
+		}
+	}
+	base, _, _ := ratelimitArgs(lookupIn(nil))
+	for name := range documented {
+		if _, ok := ignored[name]; ok {
+			continue
+		}
+		read := false
+		// The others a variable may need to matter: xDS and TLS on.
+		var others [][2]string
+		if name != "CONFIG_TYPE" && name != "RUNTIME_ROOT" && name != "RUNTIME_SUBDIRECTORY" {
+			for _, kv := range [][2]string{{"CONFIG_TYPE", "GRPC_XDS_SOTW"}, {"CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"}, {"GRPC_SERVER_USE_TLS", "true"}} {
+				if kv[0] != name {
+					others = append(others, kv)
+				}
+			}
+		}
+		for _, v := range []string{"true", "9999", "x.example:1", "GRPC_XDS_SOTW", "json"} {
+			without, _, _ := ratelimitArgs(lookupIn(others))
+			with, _, err := ratelimitArgs(lookupIn(append([][2]string{{name, v}}, others...)))
+			if err == nil && !reflect.DeepEqual(with, without) && !reflect.DeepEqual(with, base) {
+				read = true
+				break
+			}
+		}
+		if !read {
+			t.Errorf("docs/envoy-gateway.md names %s, which Sluice neither reads nor ignores", name)
+		}
+	}
+	if len(documented) < 30 {
+		t.Errorf("found %d variables in docs/envoy-gateway.md", len(documented))
+	}
+}
