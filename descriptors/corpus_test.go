@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/descriptors/corpustest"
@@ -90,14 +89,7 @@ func TestCorpusCasesSelectAsEnvoyproxyDoes(t *testing.T) {
 			t.Errorf("%v: %v", c, err)
 			continue
 		}
-		d := &rlv3.RateLimitDescriptor{}
-		for _, e := range c.Entries {
-			d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: e[0], Value: e[1]})
-		}
-		if o := c.Override; o != nil {
-			d.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{
-				RequestsPerUnit: o.RequestsPerUnit, Unit: typev3.RateLimitUnit(typev3.RateLimitUnit_value[o.Unit])}
-		}
+		d := c.Descriptor()
 		m, ok := cfg.Match(c.Domain, d)
 		limited := ok && (len(m.Rule.Limits) > 0 || m.Rule.Unlimited)
 		switch c.Expect["result"] {

@@ -6,7 +6,6 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/sluice-rl/sluice/backend/memory"
 	"github.com/sluice-rl/sluice/descriptors"
@@ -44,14 +43,7 @@ func TestCorpusAnswersAsEnvoyproxyDoes(t *testing.T) {
 		if len(c.Load) > 1 || (result != "limit" && result != "no_limit") {
 			continue // merged domains; load errors are descriptors' to check
 		}
-		d := &rlv3.RateLimitDescriptor{}
-		for _, e := range c.Entries {
-			d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: e[0], Value: e[1]})
-		}
-		if o := c.Override; o != nil {
-			d.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{
-				RequestsPerUnit: o.RequestsPerUnit, Unit: typev3.RateLimitUnit(typev3.RateLimitUnit_value[o.Unit])}
-		}
+		d := c.Descriptor()
 		if len(d.Entries) == 0 {
 			continue // Envoy never sends a descriptor without entries; Sluice refuses one as invalid
 		}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/sluice-rl/sluice/certs/certstest"
+	"github.com/sluice-rl/sluice/descriptors/xds/xdstest"
 )
 
 // egDefaultEnv is the environment of Envoy Gateway's default rate-limit
@@ -113,7 +114,7 @@ func freePort(t *testing.T) string {
 // before any rules have come, takes them from the xDS server over mutual
 // TLS, and serves gRPC over mutual TLS with them.
 func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
-	x := startTestXDS(t)
+	x := xdstest.Start(t)
 	dir := t.TempDir()
 	ca := certstest.NewCA(t, "eg-ca")
 	caFile := filepath.Join(dir, "ca.crt")
@@ -132,14 +133,14 @@ func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
 	}
 	grpcPort, httpPort := freePort(t), freePort(t)
 	moved := map[string]string{
-		"CONFIG_GRPC_XDS_SERVER_URL":        x.addr,
-		"CONFIG_GRPC_XDS_NODE_ID":           "sluice-test",
+		"CONFIG_GRPC_XDS_SERVER_URL":        x.Addr,
+		"CONFIG_GRPC_XDS_NODE_ID":           xdstest.NodeID,
 		"GRPC_SERVER_TLS_CERT":              srvCert,
 		"GRPC_SERVER_TLS_KEY":               srvKey,
 		"GRPC_SERVER_TLS_CA_CERT":           caFile,
-		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT":   x.cert,
-		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY":    x.key,
-		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT": x.caFile,
+		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT":   x.CertFile,
+		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY":    x.KeyFile,
+		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT": x.CAFile,
 		"RUNTIME_ROOT":                      dir,
 	}
 	env := append(os.Environ(), runMainEnv+"=1", "GRPC_HOST=127.0.0.1", "GRPC_PORT="+grpcPort,
@@ -166,7 +167,7 @@ func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
 	if !strings.Contains(out.String(), "envoyproxy/ratelimit setting ignored") || !strings.Contains(out.String(), "REDIS_URL") {
 		t.Errorf("the ignored settings are not named:\n%s", out.String())
 	}
-	x.set(t, "v1", perMinute("gw", 1))
+	x.Set(t, "v1", perMinute("gw", 1))
 
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.Cert)

@@ -24,6 +24,8 @@ import (
 	"strings"
 	"testing"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -114,6 +116,20 @@ type Case struct {
 	// Expect holds "result" ("limit", "no_limit" or "load_error") and the
 	// fields the case asserts, in JSON form.
 	Expect map[string]any `json:"expect"`
+}
+
+// Descriptor is the case's request descriptor: its entries, and its limit
+// override when it has one.
+func (c Case) Descriptor() *rlv3.RateLimitDescriptor {
+	d := &rlv3.RateLimitDescriptor{}
+	for _, e := range c.Entries {
+		d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: e[0], Value: e[1]})
+	}
+	if o := c.Override; o != nil {
+		d.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{
+			RequestsPerUnit: o.RequestsPerUnit, Unit: typev3.RateLimitUnit(typev3.RateLimitUnit_value[o.Unit])}
+	}
+	return d
 }
 
 // Override is the limit a case's descriptor carries itself.

@@ -2,113 +2,26 @@ package xds_test
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
-	"github.com/sluice-rl/sluice/certs/certstest"
 	"github.com/sluice-rl/sluice/descriptors/corpustest"
 	"github.com/sluice-rl/sluice/descriptors/xds"
+	"github.com/sluice-rl/sluice/descriptors/xds/xdstest"
 )
-
-const node = "ratelimit-node"
-
-// acks records what the client answered each response with.
-type acks struct {
-	mu   sync.Mutex
-	reqs []*discoveryv3.DiscoveryRequest
-}
-
-func (a *acks) OnStreamRequest(_ int64, r *discoveryv3.DiscoveryRequest) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.reqs = append(a.reqs, r)
-	return nil
-}
-
-// acked reports whether the client ACKed version v.
-func (a *acks) acked(v string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for _, r := range a.reqs {
-		if r.GetResponseNonce() != "" && r.GetErrorDetail() == nil && r.GetVersionInfo() == v {
-			return true
-		}
-	}
-	return false
-}
-
-func (a *acks) nacks() []*discoveryv3.DiscoveryRequest {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []*discoveryv3.DiscoveryRequest
-	for _, r := range a.reqs {
-		if r.GetErrorDetail() != nil {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// xdsServer is go-control-plane's own xDS server with a snapshot cache,
-// on a loopback port, over mTLS.
-type xdsServer struct {
-	cache cachev3.SnapshotCache
-	acks  *acks
-	grpc  *grpc.Server
-	addr  string
-	creds credentials.TransportCredentials
-}
-
-func startServer(t *testing.T, addr string, serverCreds credentials.TransportCredentials, cache cachev3.SnapshotCache, a *acks) *xdsServer {
-	t.Helper()
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cb := serverv3.CallbackFuncs{StreamRequestFunc: a.OnStreamRequest}
-	srv := serverv3.NewServer(context.Background(), cache, cb)
-	g := grpc.NewServer(grpc.Creds(serverCreds))
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, srv)
-	go g.Serve(ln)
-	t.Cleanup(g.Stop)
-	return &xdsServer{cache: cache, acks: a, grpc: g, addr: ln.Addr().String()}
-}
-
-// mtls returns server and client credentials from one CA, the server's
-// requiring the client's certificate.
-func mtls(t *testing.T) (server, client credentials.TransportCredentials) {
-	ca := certstest.NewCA(t, "xds-ca")
-	pool := x509.NewCertPool()
-	pool.AddCert(ca.Cert)
-	srvCert := ca.Issue(t, "localhost", true).TLSCert(t)
-	cliCert := ca.Issue(t, "sluice", false).TLSCert(t)
-	server = credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{srvCert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert})
-	client = credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cliCert}, RootCAs: pool, ServerName: "localhost"})
-	return server, client
-}
 
 // egSnapshot is Envoy Gateway's rate-limit configs from the corpus, as the
 // resources it sends.
-func egSnapshot(t *testing.T) []types.Resource {
+func egSnapshot(t *testing.T) []*rlconfv3.RateLimitConfig {
 	t.Helper()
 	dir := corpustest.Dir(t)
-	var out []types.Resource
+	var out []*rlconfv3.RateLimitConfig
 	for _, f := range corpustest.Files(t, dir) {
 		if f.Repo != "envoyproxy/gateway" || f.Valid != "yes" || !strings.Contains(f.Name, "ratelimit-config") {
 			continue
@@ -131,17 +44,6 @@ func egSnapshot(t *testing.T) []types.Resource {
 	return out
 }
 
-func setSnapshot(t *testing.T, s *xdsServer, version string, res []types.Resource) {
-	t.Helper()
-	snap, err := cachev3.NewSnapshot(version, map[resourcev3.Type][]types.Resource{resourcev3.RateLimitConfigType: res})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.cache.SetSnapshot(context.Background(), node, snap); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
@@ -158,18 +60,15 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // serving, and once it is back the Source reconnects and takes what it
 // has.
 func TestSubscribe(t *testing.T) {
-	serverCreds, clientCreds := mtls(t)
-	a := &acks{}
-	cache := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
-	srv := startServer(t, "127.0.0.1:0", serverCreds, cache, a)
-	conn, err := grpc.NewClient(srv.addr, grpc.WithTransportCredentials(clientCreds))
+	srv := xdstest.Start(t)
+	conn, err := grpc.NewClient(srv.Addr, grpc.WithTransportCredentials(srv.ClientCreds))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	src, err := xds.Subscribe(ctx, conn, xds.Options{NodeID: node, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+	src, err := xds.Subscribe(ctx, conn, xds.Options{NodeID: xdstest.NodeID, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +77,7 @@ func TestSubscribe(t *testing.T) {
 	}
 
 	eg := egSnapshot(t)
-	setSnapshot(t, srv, "v1", eg)
+	srv.Set(t, "v1", eg...)
 	select {
 	case <-src.Ready():
 	case <-time.After(10 * time.Second):
@@ -187,8 +86,8 @@ func TestSubscribe(t *testing.T) {
 	if got := len(src.Current().Domains()); got != len(eg) {
 		t.Fatalf("%d domains in force, the snapshot has %d", got, len(eg))
 	}
-	waitFor(t, "the ACK of v1", func() bool { return a.acked("v1") })
-	first := eg[0].(*rlconfv3.RateLimitConfig)
+	waitFor(t, "the ACK of v1", func() bool { return srv.Acked("v1") })
+	first := eg[0]
 	if m, ok := src.Current().Match(first.GetDomain(), matchAll(first)); !ok || len(m.Rule.Limits) == 0 {
 		t.Fatalf("Envoy Gateway's first rule does not match over xDS: %v %+v", ok, m)
 	}
@@ -198,9 +97,9 @@ func TestSubscribe(t *testing.T) {
 	bad := &rlconfv3.RateLimitConfig{Name: "broken", Domain: first.GetDomain(), Descriptors: []*rlconfv3.RateLimitDescriptor{
 		{Key: "k", RateLimit: &rlconfv3.RateLimitPolicy{Unit: rlconfv3.RateLimitUnit_UNKNOWN, RequestsPerUnit: 5}}}}
 	before := src.Current()
-	setSnapshot(t, srv, "v2", append(append([]types.Resource{}, eg...), bad))
-	waitFor(t, "the NACK of v2", func() bool { return len(a.nacks()) > 0 })
-	nack := a.nacks()[0]
+	srv.Set(t, "v2", append(append([]*rlconfv3.RateLimitConfig{}, eg...), bad)...)
+	waitFor(t, "the NACK of v2", func() bool { return len(srv.Nacks()) > 0 })
+	nack := srv.Nacks()[0]
 	for _, want := range []string{"xds:broken", `invalid unit "unknown"`, "duplicate domain"} {
 		if !strings.Contains(nack.GetErrorDetail().GetMessage(), want) {
 			t.Errorf("NACK %q does not say %q", nack.GetErrorDetail().GetMessage(), want)
@@ -215,7 +114,7 @@ func TestSubscribe(t *testing.T) {
 	// The server sends the bad snapshot again after each NACK; the NACKs
 	// slow down (to one per MaxBackoff, 100 ms here) instead of spinning.
 	time.Sleep(600 * time.Millisecond)
-	if n := len(a.nacks()); n > 12 {
+	if n := len(srv.Nacks()); n > 12 {
 		t.Errorf("%d NACKs of one bad snapshot in 0.6 s: the client and the server spin", n)
 	}
 	if src.Stats().Failed != 1 {
@@ -223,19 +122,18 @@ func TestSubscribe(t *testing.T) {
 	}
 
 	// A good snapshot replaces the rules whole.
-	setSnapshot(t, srv, "v3", eg[:1])
+	srv.Set(t, "v3", eg[:1]...)
 	waitFor(t, "v3 in force", func() bool { return len(src.Current().Domains()) == 1 })
 
 	// The server goes away: the rules stay. It comes back on the same
 	// address with a new snapshot: the Source reconnects and takes it.
-	srv.grpc.Stop()
+	srv.Stop()
 	time.Sleep(300 * time.Millisecond)
 	if len(src.Current().Domains()) != 1 {
 		t.Fatal("the rules changed while the server was away")
 	}
-	cache2 := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
-	srv2 := startServer(t, srv.addr, serverCreds, cache2, &acks{})
-	setSnapshot(t, srv2, "v4", eg[1:3])
+	srv.Restart(t)
+	srv.Set(t, "v4", eg[1:3]...)
 	waitFor(t, "v4 in force after the server came back", func() bool { return len(src.Current().Domains()) == 2 })
 	if st := src.Stats(); st.OK != 3 || st.Failed != 1 {
 		t.Errorf("stats %+v, want 3 taken and 1 refused", st)
