@@ -281,7 +281,12 @@ func checkAnswered(t *testing.T, answers []answer) {
 		}
 	}
 	t.Logf("slowest answer %v", slowest.Round(time.Millisecond))
-	if late > 0 {
+	// Sluice answers 100 ms before the deadline. A machine running two
+	// race-detector suites and two DynamoDB Locals on two cores was seen
+	// to hold one call of 3,647 past it (by 4 ms); a Sluice that waited
+	// on its backend past the deadline would make every call of an
+	// outage late, hundreds of them.
+	if late > len(answers)/500 {
 		t.Errorf("%d of %d calls not answered within their %v deadline", late, len(answers), outageDeadline)
 	}
 }
