@@ -424,8 +424,9 @@ func (b *Backend) background(ctx context.Context, t target, kind callKind) {
 // when each holds what req costs under the limits it resolved to now
 // and has not expired: no DynamoDB call, no wait. The answer's tokens
 // are the bucket as this replica's last write left it, refilled to now,
-// plus what the lease holds after paying (at most the burst): exact with
-// one replica, an estimate with several, whose writes it has not seen. A lease left at half its last grant or less is renewed
+// plus what the lease holds after paying (at most the burst less the
+// cost): exact with one replica, an estimate with several, whose writes
+// it has not seen. A lease left at half its last grant or less is renewed
 // in the background.
 func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level) (backend.Decision, bool) {
 	now := b.now()
@@ -482,7 +483,11 @@ func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level) 
 					view = bucket.Refill(l, s, now)
 				}
 			}
-			view.Tokens = min(view.Tokens+h.tokens[j], l.Burst)
+			// At most the burst less this cost, as one bucket would
+			// hold after paying it: a bucket that refilled to full while
+			// the lease was out holds the burst, and the lease's tokens
+			// come on top of it only until they are spent.
+			view.Tokens = min(view.Tokens+h.tokens[j], l.Burst-c)
 			results = append(results, bucket.Result{Cost: c, Tokens: view.Tokens, Allowed: true,
 				Wait: bucket.Wait(l, view, l.Burst, now)})
 		}
