@@ -13,8 +13,10 @@ type quotaTally struct {
 	overNormal, quota, overQuota int
 	// passed lists the descriptors not over their limit (unlimited ones
 	// excepted), in request order: those whose rules' metadata the
-	// response's dynamic metadata carries.
-	passed []int
+	// response's dynamic metadata carries. Kept only when keepPassed:
+	// without dynamic metadata it would cost every call an allocation.
+	passed     []int
+	keepPassed bool
 }
 
 // count records descriptor i, over its limit or not, in quota mode or not.
@@ -24,7 +26,7 @@ func (q *quotaTally) count(i int, over, quota bool) {
 		q.overQuota++
 	case over:
 		q.overNormal++
-	default:
+	case q.keepPassed:
 		q.passed = append(q.passed, i)
 	}
 	if quota {

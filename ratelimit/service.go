@@ -166,7 +166,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
 	}
 	var headers headerState
-	var tally quotaTally
+	tally := quotaTally{keepPassed: s.opts.DynamicMetadata}
 	for i, d := range req.Descriptors {
 		m := matches[i]
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
