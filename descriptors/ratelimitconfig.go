@@ -26,7 +26,11 @@ func FromRateLimitConfigs(cfgs []*rlconfv3.RateLimitConfig) (*Config, error) {
 		if _, dup := files[file]; dup || name == "" {
 			file = fmt.Sprintf("xds:%s#%d", name, i)
 		}
-		data, err := yaml.Marshal(configNode(c))
+		node, err := configNode(c)
+		if err != nil {
+			return nil, &Error{File: file, Msg: err.Error(), Err: err}
+		}
+		data, err := yaml.Marshal(node)
 		if err != nil {
 			return nil, &Error{File: file, Msg: "cannot render as rules: " + err.Error(), Err: err}
 		}
@@ -36,19 +40,23 @@ func FromRateLimitConfigs(cfgs []*rlconfv3.RateLimitConfig) (*Config, error) {
 }
 
 // configNode is c as the rule file that says the same.
-func configNode(c *rlconfv3.RateLimitConfig) *yaml.Node {
+func configNode(c *rlconfv3.RateLimitConfig) (*yaml.Node, error) {
 	m := mapping()
 	if c.GetName() != "" {
 		put(m, "name", scalar(c.GetName()))
 	}
 	put(m, "domain", scalar(c.GetDomain()))
 	if len(c.GetDescriptors()) > 0 {
-		put(m, "descriptors", descriptorNodes(c.GetDescriptors()))
+		ds, err := descriptorNodes(c.GetDescriptors())
+		if err != nil {
+			return nil, err
+		}
+		put(m, "descriptors", ds)
 	}
-	return m
+	return m, nil
 }
 
-func descriptorNodes(ds []*rlconfv3.RateLimitDescriptor) *yaml.Node {
+func descriptorNodes(ds []*rlconfv3.RateLimitDescriptor) (*yaml.Node, error) {
 	list := &yaml.Node{Kind: yaml.SequenceNode}
 	for _, d := range ds {
 		m := mapping()
@@ -90,17 +98,23 @@ func descriptorNodes(ds []*rlconfv3.RateLimitDescriptor) *yaml.Node {
 			}
 		}
 		if md := d.GetMetadata(); md != nil {
+			// Refused, not dropped: a rule must not load without its metadata.
 			var n yaml.Node
-			if err := n.Encode(md.AsMap()); err == nil {
-				put(m, "metadata", &n)
+			if err := n.Encode(md.AsMap()); err != nil {
+				return nil, fmt.Errorf("descriptor %q: metadata: %w", d.GetKey(), err)
 			}
+			put(m, "metadata", &n)
 		}
 		if len(d.GetDescriptors()) > 0 {
-			put(m, "descriptors", descriptorNodes(d.GetDescriptors()))
+			children, err := descriptorNodes(d.GetDescriptors())
+			if err != nil {
+				return nil, err
+			}
+			put(m, "descriptors", children)
 		}
 		list.Content = append(list.Content, m)
 	}
-	return list
+	return list, nil
 }
 
 func mapping() *yaml.Node { return &yaml.Node{Kind: yaml.MappingNode} }

@@ -169,11 +169,15 @@ func (s *Source) stream(ctx context.Context) (delivered bool, err error) {
 		}
 		delivered = true
 		req := &discoveryv3.DiscoveryRequest{TypeUrl: TypeURL, ResponseNonce: resp.GetNonce()}
+		var cfg *descriptors.Config
 		if resp.GetTypeUrl() != TypeURL {
 			// Not what was asked for: refuse it, keep the rules.
-			req.VersionInfo, req.ErrorDetail = s.refuse(resp, fmt.Errorf("type %q, want %q", resp.GetTypeUrl(), TypeURL))
+			err = fmt.Errorf("type %q, want %q", resp.GetTypeUrl(), TypeURL)
 			req.TypeUrl = resp.GetTypeUrl()
-		} else if cfg, err := decode(resp); err != nil {
+		} else {
+			cfg, err = decode(resp)
+		}
+		if err != nil {
 			var repeat bool
 			req.VersionInfo, req.ErrorDetail, repeat = s.refuseOnce(resp, err)
 			if repeat {
