@@ -17,6 +17,8 @@ import (
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/memory"
+	"github.com/sluice-rl/sluice/ratelimit"
+	"github.com/sluice-rl/sluice/telemetry"
 )
 
 // benchConcurrency is the number of goroutines the gRPC benchmarks run,
@@ -108,7 +110,23 @@ func benchGRPC(b *testing.B, svc rlsv3.RateLimitServiceServer, opts ...grpc.Serv
 // allocs/op is Sluice's own per call: validation, match, backend decision
 // and the response it builds.
 func BenchmarkServiceDecide(b *testing.B) {
-	svc := newMemory(b).Service
+	benchDecide(b, newMemory(b).Service)
+}
+
+// BenchmarkServiceDecideRatelimitMetrics is BenchmarkServiceDecide with
+// --ratelimit-metrics: what counting each descriptor under
+// envoyproxy/ratelimit's names adds per call.
+func BenchmarkServiceDecideRatelimitMetrics(b *testing.B) {
+	m, err := NewMemoryServiceWith(RulesYAML, memory.Options{TTLMultiplier: backend.DefaultTTLMultiplier},
+		telemetry.Options{TraceSampling: 0.01, RatelimitStats: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(m.Close)
+	benchDecide(b, m.Service)
+}
+
+func benchDecide(b *testing.B, svc *ratelimit.Service) {
 	reqs, err := SingleKey().build()
 	if err != nil {
 		b.Fatal(err)

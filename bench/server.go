@@ -118,11 +118,20 @@ func (m *MemoryService) Close() { m.release() }
 // traces, as without --otlp-endpoint). serve's admission and panic
 // recovery interceptors are not among ServerOptions.
 func NewMemoryService(rulesYAML string, opts memory.Options) (*MemoryService, error) {
+	return NewMemoryServiceWith(rulesYAML, opts, telemetry.Options{TraceSampling: 0.01})
+}
+
+// NewMemoryServiceWith is NewMemoryService with telemetry made with tel.
+func NewMemoryServiceWith(rulesYAML string, opts memory.Options, tel telemetry.Options) (*MemoryService, error) {
 	cfg, err := descriptors.Parse(map[string][]byte{"bench.yaml": []byte(rulesYAML)})
 	if err != nil {
 		return nil, fmt.Errorf("parse benchmark rules: %w", err)
 	}
-	tel, err := telemetry.New(context.Background(), telemetry.Options{TraceSampling: 0.01})
+	return newMemoryService(cfg, opts, tel)
+}
+
+func newMemoryService(cfg *descriptors.Config, opts memory.Options, telOpts telemetry.Options) (*MemoryService, error) {
+	tel, err := telemetry.New(context.Background(), telOpts)
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: %w", err)
 	}

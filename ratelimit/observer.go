@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 
@@ -59,7 +60,14 @@ type Decided struct {
 	Rule *descriptors.Rule
 	// Entity is the bucket's entity: request data, for the metrics of
 	// rules that opt in (detailed_metric) and nothing else.
-	Entity  string
+	Entity string
+	// Entries are the request descriptor's entries, as given to
+	// descriptors.Rule.StatsKey; request data, like Entity. Hits is the
+	// descriptor's weight (its hits_addend, or the request's).
+	Entries []*rlv3.RateLimitDescriptor_Entry
+	Hits    uint64
+	// Refund says the descriptor gave Hits back (is_negative_hits).
+	Refund  bool
 	Outcome Outcome
 }
 

@@ -231,12 +231,13 @@ func (s *Service) backendContext(ctx context.Context) (context.Context, context.
 // decide fills st for one limited descriptor. backendCtx bounds the
 // backend's work; ctx is the call's own (traces, metrics).
 func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRequest, d *rlv3.RateLimitDescriptor, m descriptors.Match, st *rlsv3.RateLimitResponse_DescriptorStatus) error {
+	weight := hits(req, d)
 	dec, err := s.backend.Decide(backendCtx, &backend.Request{
 		Entity:   m.Entity,
 		Resource: m.Resource,
 		Parent:   m.Parent,
 		Defaults: m.Rule.Limits,
-		Hits:     hits(req, d),
+		Hits:     weight,
 		Refund:   d.GetIsNegativeHits(),
 	})
 	outcome := OutcomeOK
@@ -259,7 +260,8 @@ func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRe
 			outcome = OutcomeShadowOverLimit
 		}
 	}
-	s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: true, Rule: m.Rule, Entity: m.Entity, Outcome: outcome})
+	s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: true, Rule: m.Rule, Entity: m.Entity,
+		Entries: d.GetEntries(), Hits: weight, Refund: d.GetIsNegativeHits(), Outcome: outcome})
 	return nil
 }
 

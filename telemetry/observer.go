@@ -33,6 +33,9 @@ func (t *Telemetry) Decided(ctx context.Context, d ratelimit.Decided) {
 		t.inst.detailedDecisions.Add(ctx, 1, metric.WithAttributes(attribute.String("domain", d.Domain),
 			attribute.String("rule", rule), attribute.String("entity", d.Entity), attribute.String("code", code)))
 	}
+	if t.rlStats != nil && d.Rule != nil && !d.Refund {
+		t.rlStats.observe(d)
+	}
 }
 
 // Answered implements ratelimit.Observer: it times the call and marks the

@@ -56,6 +56,10 @@ type Options struct {
 	// sampling decision of its own (0 to 1); a decision Envoy propagates is
 	// always followed.
 	TraceSampling float64
+	// RatelimitStats adds envoyproxy/ratelimit's per-rule counters under
+	// the Prometheus names dashboards built for it read
+	// (ratelimit_service_rate_limit_*, see ratelimitStats).
+	RatelimitStats bool
 	// SpanExporter receives spans besides OTLP, synchronously as each
 	// ends; tests use an in-memory one.
 	SpanExporter sdktrace.SpanExporter
@@ -71,6 +75,7 @@ type Telemetry struct {
 	propagator propagation.TextMapPropagator
 	meter      metric.Meter
 	inst       instruments
+	rlStats    *ratelimitStats // nil unless Options.RatelimitStats
 	// attrs caches the attribute sets of measurements by their label
 	// values: building a set sorts and allocates, and on the request path
 	// the same few sets recur (their number is bounded by the rules).
@@ -166,6 +171,11 @@ func New(ctx context.Context, opts Options) (*Telemetry, error) {
 	}
 	if t.inst, err = newInstruments(t.meter); err != nil {
 		return nil, err
+	}
+	if opts.RatelimitStats {
+		if t.rlStats, err = newRatelimitStats(t.registry); err != nil {
+			return nil, fmt.Errorf("envoyproxy/ratelimit counters: %w", err)
+		}
 	}
 	return t, nil
 }

@@ -15,35 +15,44 @@ import (
 // Gateway deploys works with Sluice's image in place of that service's.
 const ratelimitName = "ratelimit"
 
+// ignoredVar is one of envoyproxy/ratelimit's settings that Sluice does
+// not honour: why, and which values make a difference (nil: any).
+type ignoredVar struct {
+	why     string
+	matters func(value string) bool
+}
+
+func isTrue(v string) bool  { b, err := strconv.ParseBool(v); return err == nil && b }
+func isFalse(v string) bool { b, err := strconv.ParseBool(v); return err == nil && !b }
+
 // ratelimitIgnored lists envoyproxy/ratelimit's settings that Sluice
-// cannot honour, each with why: set, they are named at start.
-func ratelimitIgnored() map[string]string {
-	return map[string]string{
-		"USE_STATSD":                     "Sluice serves Prometheus metrics on PORT's /metrics, not statsd",
-		"STATSD_HOST":                    "no statsd",
-		"STATSD_PORT":                    "no statsd",
-		"USE_PROMETHEUS":                 "metrics are always on PORT's /metrics",
-		"PROMETHEUS_ADDR":                "metrics are on PORT's /metrics",
-		"PROMETHEUS_PATH":                "metrics are on /metrics",
-		"REDIS_URL":                      "state is in memory (SLUICE_BACKEND=dynamodb shares it across replicas)",
-		"REDIS_SOCKET_TYPE":              "no Redis",
-		"REDIS_TYPE":                     "no Redis",
-		"REDIS_AUTH":                     "no Redis",
-		"REDIS_TLS":                      "no Redis",
-		"REDIS_POOL_SIZE":                "no Redis",
-		"REDIS_PIPELINE_WINDOW":          "no Redis",
-		"REDIS_PIPELINE_LIMIT":           "no Redis",
-		"REDIS_PERSECOND":                "no Redis",
-		"MEMCACHE_HOST_PORT":             "no Memcached",
-		"BACKEND_TYPE":                   "state is in memory (SLUICE_BACKEND=dynamodb shares it across replicas)",
-		"RUNTIME_IGNOREDOTFILES":         "rule files whose names start with '.' are always skipped",
-		"RUNTIME_WATCH_ROOT":             "the rules directory is always watched",
-		"LOCAL_CACHE_SIZE_IN_BYTES":      "over-limit answers are cached by the backend's own rules",
-		"NEAR_LIMIT_RATIO":               "use SLUICE_NEAR_LIMIT_RATIO",
-		"EXPIRATION_JITTER_MAX_SECONDS":  "buckets expire by their TTL rules",
-		"MERGE_DOMAIN_CONFIG":            "a domain may be defined by one rule set only",
-		"TRACING_ENABLED":                "use SLUICE_OTLP_ENDPOINT",
-		"LIMIT_RESPONSE_HEADERS_ENABLED": "use SLUICE_RESPONSE_HEADERS",
+// cannot honour, each with why: set to a value that matters, they are
+// named at start.
+func ratelimitIgnored() map[string]ignoredVar {
+	noRedis := ignoredVar{why: "state is in memory (SLUICE_BACKEND=dynamodb shares it across replicas)"}
+	return map[string]ignoredVar{
+		"USE_STATSD":                     {"Sluice sends no statsd; USE_PROMETHEUS=true serves the same names on PROMETHEUS_ADDR", isTrue},
+		"PROMETHEUS_PATH":                {"metrics are on /metrics", func(v string) bool { return v != "/metrics" }},
+		"PROMETHEUS_MAPPER_YAML":         {"Sluice names its ratelimit_service_* counters as Envoy Gateway's mapping does and applies no other", nil},
+		"REDIS_URL":                      noRedis,
+		"REDIS_SOCKET_TYPE":              noRedis,
+		"REDIS_TYPE":                     noRedis,
+		"REDIS_AUTH":                     noRedis,
+		"REDIS_TLS":                      noRedis,
+		"REDIS_POOL_SIZE":                noRedis,
+		"REDIS_PIPELINE_WINDOW":          noRedis,
+		"REDIS_PIPELINE_LIMIT":           noRedis,
+		"REDIS_PERSECOND":                noRedis,
+		"MEMCACHE_HOST_PORT":             noRedis,
+		"BACKEND_TYPE":                   noRedis,
+		"RUNTIME_IGNOREDOTFILES":         {"rule files whose names start with '.' are always skipped", isFalse},
+		"RUNTIME_WATCH_ROOT":             {"the rules directory itself is watched", isTrue},
+		"LOCAL_CACHE_SIZE_IN_BYTES":      {"over-limit answers are cached by the backend's own rules", nil},
+		"NEAR_LIMIT_RATIO":               {"use SLUICE_NEAR_LIMIT_RATIO", nil},
+		"EXPIRATION_JITTER_MAX_SECONDS":  {"buckets expire by their TTL rules", nil},
+		"MERGE_DOMAIN_CONFIG":            {"a domain may be defined by one rule set only", isTrue},
+		"TRACING_ENABLED":                {"use SLUICE_OTLP_ENDPOINT", isTrue},
+		"LIMIT_RESPONSE_HEADERS_ENABLED": {"use SLUICE_RESPONSE_HEADERS", isTrue},
 	}
 }
 
@@ -126,11 +135,6 @@ func ratelimitArgs(lookup func(string) (string, bool)) (args, ignored []string, 
 		if force {
 			args = append(args, "--xds-start-without-rules")
 		}
-		for _, name := range []string{"RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY"} {
-			if _, ok := lookup(name); ok {
-				ignored = append(ignored, name+": the rules come from the xDS server")
-			}
-		}
 	default:
 		return nil, nil, fmt.Errorf("CONFIG_TYPE=%q: want FILE or GRPC_XDS_SOTW", t)
 	}
@@ -144,9 +148,18 @@ func ratelimitArgs(lookup func(string) (string, bool)) (args, ignored []string, 
 			args = append(args, "--tls-client-ca", ca)
 		}
 	}
-	for name, why := range ratelimitIgnored() {
-		if _, ok := lookup(name); ok {
-			ignored = append(ignored, name+": "+why)
+	prom, err := on("USE_PROMETHEUS")
+	if err != nil {
+		return nil, nil, err
+	}
+	if prom {
+		// envoyproxy/ratelimit serves its statsd names, mapped, on a
+		// listener of their own; Envoy Gateway scrapes that port.
+		args = append(args, "--metrics-addr", get("PROMETHEUS_ADDR", ":9090"), "--ratelimit-metrics")
+	}
+	for name, iv := range ratelimitIgnored() {
+		if v, ok := lookup(name); ok && v != "" && (iv.matters == nil || iv.matters(v)) {
+			ignored = append(ignored, name+": "+iv.why)
 		}
 	}
 	slices.Sort(ignored)

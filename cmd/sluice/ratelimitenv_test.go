@@ -24,15 +24,18 @@ import (
 )
 
 // egDefaultEnv is the environment of Envoy Gateway's default rate-limit
-// Deployment (its testdata deployments/default.yaml), in order.
+// Deployment, in order, as its internal/infrastructure/kubernetes/
+// ratelimit/resource.go (expectedRateLimitContainerEnv, at 0f0e417) writes
+// it with its defaults: Prometheus on, and the Redis URL it requires.
+// (Its testdata deployments/default.yaml of earlier releases ran a
+// statsd_exporter sidecar, with USE_STATSD, instead of USE_PROMETHEUS.)
 var egDefaultEnv = [][2]string{
 	{"RUNTIME_ROOT", "/data"},
 	{"RUNTIME_SUBDIRECTORY", "ratelimit"},
 	{"RUNTIME_IGNOREDOTFILES", "true"},
 	{"RUNTIME_WATCH_ROOT", "false"},
 	{"LOG_LEVEL", "info"},
-	{"USE_STATSD", "true"},
-	{"STATSD_PORT", "9125"},
+	{"USE_STATSD", "false"},
 	{"CONFIG_TYPE", "GRPC_XDS_SOTW"},
 	{"CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"},
 	{"CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"},
@@ -47,6 +50,9 @@ var egDefaultEnv = [][2]string{
 	{"FORCE_START_WITHOUT_INITIAL_CONFIG", "true"},
 	{"REDIS_SOCKET_TYPE", "tcp"},
 	{"REDIS_URL", "redis.redis.svc:6379"},
+	{"USE_PROMETHEUS", "true"},
+	{"PROMETHEUS_ADDR", ":19001"},
+	{"PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"},
 }
 
 func lookupIn(env [][2]string) func(string) (string, bool) {
@@ -73,7 +79,8 @@ func TestRatelimitEnvOfEnvoyGateway(t *testing.T) {
 		"--xds-server", "envoy-gateway:18001", "--xds-node-id", "envoy-ratelimit",
 		"--xds-tls-ca", "/certs/ca.crt", "--xds-tls-cert", "/certs/tls.crt", "--xds-tls-key", "/certs/tls.key",
 		"--xds-start-without-rules",
-		"--tls-cert", "/certs/tls.crt", "--tls-key", "/certs/tls.key", "--tls-client-ca", "/certs/ca.crt"}
+		"--tls-cert", "/certs/tls.crt", "--tls-key", "/certs/tls.key", "--tls-client-ca", "/certs/ca.crt",
+		"--metrics-addr", ":19001", "--ratelimit-metrics"}
 	if !reflect.DeepEqual(args, want) {
 		t.Errorf("flags\n got %q\nwant %q", args, want)
 	}
@@ -82,17 +89,23 @@ func TestRatelimitEnvOfEnvoyGateway(t *testing.T) {
 		name, _, _ := strings.Cut(n, ":")
 		names = append(names, name)
 	}
-	wantIgnored := []string{"REDIS_SOCKET_TYPE", "REDIS_URL", "RUNTIME_IGNOREDOTFILES", "RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY",
-		"RUNTIME_WATCH_ROOT", "STATSD_PORT", "USE_STATSD"}
+	// What envoyproxy/ratelimit would also ignore here (RUNTIME_* with
+	// xDS, USE_STATSD=false) is not named.
+	wantIgnored := []string{"PROMETHEUS_MAPPER_YAML", "REDIS_SOCKET_TYPE", "REDIS_URL"}
 	if !reflect.DeepEqual(names, wantIgnored) {
 		t.Errorf("ignored %q, want %q", names, wantIgnored)
+	}
+	// Earlier releases' statsd: named, since no statsd is sent.
+	_, ignored, err = ratelimitArgs(lookupIn([][2]string{{"USE_STATSD", "true"}, {"STATSD_PORT", "9125"}}))
+	if err != nil || len(ignored) != 1 || !strings.HasPrefix(ignored[0], "USE_STATSD: ") {
+		t.Errorf("USE_STATSD=true: ignored %q, %v", ignored, err)
 	}
 	// The file-based default of envoyproxy/ratelimit, and bad values.
 	args, _, err = ratelimitArgs(lookupIn([][2]string{{"RUNTIME_ROOT", "/srv"}, {"RUNTIME_SUBDIRECTORY", "rl"}, {"LOG_LEVEL", "WARNING"}}))
 	if err != nil || !strings.Contains(strings.Join(args, " "), "--log-level warn --config-dir /srv/rl/config") {
 		t.Errorf("file config: %q %v", args, err)
 	}
-	for _, bad := range [][2]string{{"CONFIG_TYPE", "CONSUL"}, {"GRPC_SERVER_USE_TLS", "yes please"}} {
+	for _, bad := range [][2]string{{"CONFIG_TYPE", "CONSUL"}, {"GRPC_SERVER_USE_TLS", "yes please"}, {"USE_PROMETHEUS", "on"}} {
 		if _, _, err := ratelimitArgs(lookupIn([][2]string{bad})); err == nil || !strings.Contains(err.Error(), bad[0]) {
 			t.Errorf("%s=%s: %v, want an error naming it", bad[0], bad[1], err)
 		}
@@ -131,8 +144,9 @@ func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
 	if err := os.Symlink(exe, bin); err != nil {
 		t.Fatal(err)
 	}
-	grpcPort, httpPort := freePort(t), freePort(t)
+	grpcPort, httpPort, promPort := freePort(t), freePort(t), freePort(t)
 	moved := map[string]string{
+		"PROMETHEUS_ADDR":                   "127.0.0.1:" + promPort,
 		"CONFIG_GRPC_XDS_SERVER_URL":        x.Addr,
 		"CONFIG_GRPC_XDS_NODE_ID":           xdstest.NodeID,
 		"GRPC_SERVER_TLS_CERT":              srvCert,
@@ -183,12 +197,22 @@ func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
 		resp, err := ask(c, "gw", "client", "probe")
 		return err == nil && resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() == 1
 	})
+	// Envoy Gateway's dashboards read the rule's counters on
+	// PROMETHEUS_ADDR; the probes above count under the same key.
+	before, _ := scrapeAddr(t, "127.0.0.1:"+promPort)
 	resp, err := ask(c, "gw", "client", "c1")
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("first call: %v %v\n%s", resp, err, out.String())
 	}
 	if resp, err = ask(c, "gw", "client", "c1"); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("second call under 1/minute: %v %v", resp, err)
+	}
+	after, raw := scrapeAddr(t, "127.0.0.1:"+promPort)
+	for stat, want := range map[string]float64{"total_hits": 2, "within_limit": 1, "over_limit": 1} {
+		name := "ratelimit_service_rate_limit_" + stat + "{domain=gw,key1=client,key2=}"
+		if d := after[name] - before[name]; d != want {
+			t.Errorf("%s grew by %v, want %v; PROMETHEUS_ADDR serves:\n%s", name, d, want, raw)
+		}
 	}
 }
 
@@ -231,10 +255,11 @@ func TestEnvoyGatewayDocNamesEveryVariable(t *testing.T) {
 			continue
 		}
 		read := false
-		// The others a variable may need to matter: xDS and TLS on.
+		// The others a variable may need to matter: xDS, TLS and
+		// Prometheus on.
 		var others [][2]string
 		if name != "CONFIG_TYPE" && name != "RUNTIME_ROOT" && name != "RUNTIME_SUBDIRECTORY" {
-			for _, kv := range [][2]string{{"CONFIG_TYPE", "GRPC_XDS_SOTW"}, {"CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"}, {"GRPC_SERVER_USE_TLS", "true"}} {
+			for _, kv := range [][2]string{{"CONFIG_TYPE", "GRPC_XDS_SOTW"}, {"CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"}, {"GRPC_SERVER_USE_TLS", "true"}, {"USE_PROMETHEUS", "true"}} {
 				if kv[0] != name {
 					others = append(others, kv)
 				}

@@ -34,6 +34,8 @@ import (
 // serveOptions are the flags of `sluice serve`.
 type serveOptions struct {
 	grpcAddr, httpAddr, debugAddr string
+	metricsAddr                   string
+	ratelimitMetrics              bool
 	configDir                     string
 	xdsServer, xdsNodeID          string
 	xdsCA, xdsCert, xdsKey        string
@@ -105,6 +107,8 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.grpcAddr, "grpc-addr", ":8081", "address of the gRPC RateLimitService (and gRPC health, reflection)")
 	f.StringVar(&o.httpAddr, "http-addr", ":8080", "address of /healthz and /readyz")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics on this address too, on its own listener (the HTTP address keeps it); empty: none")
+	f.BoolVar(&o.ratelimitMetrics, "ratelimit-metrics", false, "also count every limited descriptor under envoyproxy/ratelimit's Prometheus names (ratelimit_service_rate_limit_*, labels domain, key1, key2), which dashboards built for it read")
 	f.StringVar(&o.debugAddr, "debug-addr", "127.0.0.1:6070", "address of /debug/config (and pprof with --pprof); empty disables it")
 	f.StringVar(&o.configDir, "config-dir", "examples/config", "directory of rule files (*.yaml), hot-reloaded; not read with --xds-server")
 	f.StringVar(&o.xdsServer, "xds-server", "", "take the rules from this xDS server (host:port) instead of --config-dir: RateLimitConfig resources over ADS, as Envoy Gateway sends them")
@@ -173,7 +177,9 @@ type server struct {
 	grpc                    *grpc.Server
 	health                  *health.Server
 	httpSrv, debugSrv       *http.Server
+	metricsSrv              *http.Server
 	grpcLn, httpLn, debugLn net.Listener
+	metricsLn               net.Listener
 	rules                   ruleSource
 	backend                 servedBackend
 	telemetry               *telemetry.Telemetry
@@ -208,7 +214,7 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 		return nil, err
 	}
 	tel, err := telemetry.New(ctx, telemetry.Options{OTLPEndpoint: o.otlpEndpoint, OTLPInsecure: o.otlpInsecure,
-		TraceSampling: o.traceSampling, SpanExporter: o.spanExporter})
+		TraceSampling: o.traceSampling, SpanExporter: o.spanExporter, RatelimitStats: o.ratelimitMetrics})
 	if err != nil {
 		return nil, usageError{err}
 	}
@@ -296,10 +302,17 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 		s.debugSrv = &http.Server{Handler: s.debugHandler(o.pprof), ReadHeaderTimeout: 5 * time.Second}
 		go func() { s.errc <- ignoreClosed(s.debugSrv.Serve(s.debugLn)) }()
 	}
+	if s.metricsLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", s.telemetry.MetricsHandler())
+		s.metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { s.errc <- ignoreClosed(s.metricsSrv.Serve(s.metricsLn)) }()
+	}
 	limits := gate.Stats().Limits
 	log.Info("sluice serving",
 		slog.String("grpc", s.grpcLn.Addr().String()), slog.String("http", s.httpLn.Addr().String()),
-		slog.String("debug", addrOf(s.debugLn)), slog.String("backend", o.backend),
+		slog.String("debug", addrOf(s.debugLn)), slog.String("metrics", addrOf(s.metricsLn)),
+		slog.String("backend", o.backend),
 		slog.String("rules", rulesFrom(o)), slog.Int("domains", len(rules.Current().Domains())),
 		slog.String("on_backend_error", policy.String()), slog.Bool("shadow_mode", o.shadowMode),
 		slog.Int("max_concurrent_calls", limits.MaxInFlight), slog.Int("max_queued_calls", limits.MaxQueued))
@@ -416,6 +429,11 @@ func (s *server) listen(o serveOptions) error {
 			return fmt.Errorf("--debug-addr: %w", err)
 		}
 	}
+	if o.metricsAddr != "" {
+		if s.metricsLn, err = net.Listen("tcp", o.metricsAddr); err != nil {
+			return fmt.Errorf("--metrics-addr: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -448,14 +466,16 @@ func (s *server) shutdown() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	s.httpSrv.Shutdown(ctx)
-	if s.debugSrv != nil {
-		s.debugSrv.Shutdown(ctx)
+	for _, srv := range []*http.Server{s.debugSrv, s.metricsSrv} {
+		if srv != nil {
+			srv.Shutdown(ctx)
+		}
 	}
 	s.close()
 }
 
 func (s *server) close() {
-	for _, ln := range []net.Listener{s.grpcLn, s.httpLn, s.debugLn} {
+	for _, ln := range []net.Listener{s.grpcLn, s.httpLn, s.debugLn, s.metricsLn} {
 		if ln != nil {
 			ln.Close()
 		}

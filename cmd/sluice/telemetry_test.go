@@ -33,7 +33,13 @@ import (
 // sorted; a histogram gives name_count and name_sum.
 func scrape(t *testing.T, s *server) (map[string]float64, string) {
 	t.Helper()
-	resp, err := http.Get("http://" + s.httpLn.Addr().String() + "/metrics")
+	return scrapeAddr(t, s.httpLn.Addr().String())
+}
+
+// scrapeAddr is scrape of the /metrics at addr.
+func scrapeAddr(t *testing.T, addr string) (map[string]float64, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,12 +167,14 @@ func checkMetricsDocumented(t *testing.T, scraped map[string]float64, dynamo boo
 		served[name] = true
 	}
 	for name := range served {
-		if _, ok := documented[name]; strings.HasPrefix(name, "sluice_") && !ok {
+		ours := strings.HasPrefix(name, "sluice_") || strings.HasPrefix(name, "ratelimit_service_")
+		if _, ok := documented[name]; ours && !ok {
 			t.Errorf("metric %s is served but not in docs/metrics.md's table", name)
 		}
 	}
 	for name, row := range documented {
 		optional := strings.Contains(row, "appears with the first") || strings.Contains(row, "with `--tls-cert` only") ||
+			(strings.Contains(row, "with `--ratelimit-metrics` only") && !served["ratelimit_service_rate_limit_total_hits"]) ||
 			(strings.Contains(row, "DynamoDB backend only") && !dynamo)
 		if !served[name] && !optional {
 			t.Errorf("docs/metrics.md documents %s, which is not served", name)
@@ -189,7 +197,7 @@ func readmeMetrics(t *testing.T) map[string]string {
 	section, _, _ = strings.Cut(section, "\n## ")
 	out := map[string]string{}
 	for _, line := range strings.Split(section, "\n") {
-		if !strings.HasPrefix(line, "| `sluice_") {
+		if !strings.HasPrefix(line, "| `sluice_") && !strings.HasPrefix(line, "| `ratelimit_service_") {
 			continue
 		}
 		name := strings.TrimPrefix(line, "| `")
@@ -425,4 +433,117 @@ func TestOTLPExport(t *testing.T) {
 		return strings.Contains(spans, "memory.decide") && strings.Contains(spans, "ShouldRateLimit") &&
 			strings.Contains(metrics, "sluice.decisions") && strings.Contains(metrics, "sluice.request.duration")
 	})
+}
+
+// rulesEnvoyGateway are rules as Envoy Gateway writes them (a route's
+// descriptor, then the client's masked address), and the other shapes a
+// stats key takes.
+const rulesEnvoyGateway = `domain: default/eg/http
+descriptors:
+  - key: httproute/default/backend/rule/0/match/-1
+    value: httproute/default/backend/rule/0/match/-1
+    descriptors:
+      - key: masked_remote_address
+        value: 0.0.0.0/0
+        rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: httproute/default/shadow/rule/0/match/-1
+    value: httproute/default/shadow/rule/0/match/-1
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: remote_address
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: a
+    descriptors:
+      - key: b
+        descriptors:
+          - key: c
+            rate_limit: {unit: minute, requests_per_unit: 10}
+`
+
+// With --ratelimit-metrics, each limited descriptor is counted under the
+// names and labels Envoy Gateway's dashboards read, by hits, on the
+// --metrics-addr listener as on the HTTP one.
+func TestEnvoyproxyMetricNames(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "eg.yaml"), []byte(rulesEnvoyGateway), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o := testOptions(dir)
+	o.ratelimitMetrics, o.metricsAddr = true, "127.0.0.1:0"
+	s, _, _ := startTestServer(t, o)
+	c := dial(t, s.grpcLn.Addr().String())
+	const domain, route, shadow = "default/eg/http", "httproute/default/backend/rule/0/match/-1", "httproute/default/shadow/rule/0/match/-1"
+	call := func(hits uint32, kv ...string) {
+		t.Helper()
+		d := &rlv3.RateLimitDescriptor{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		if _, err := send(c, &rlsv3.RateLimitRequest{Domain: domain, HitsAddend: hits, Descriptors: []*rlv3.RateLimitDescriptor{d}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		call(0, route, route, "masked_remote_address", "0.0.0.0/0") // 1 a minute: one within, one over
+		call(0, shadow, shadow)                                     // the same, in shadow mode
+	}
+	call(3, "remote_address", "10.1.2.3") // 10 a minute: 3 hits, 7 left
+	call(6, "remote_address", "10.1.2.3") // 1 left: near the limit
+	call(1, "a", "x", "b", "y", "c", "z") // a four-part key: no series
+	call(1, "nomatch", "x")
+
+	got, raw := scrapeAddr(t, s.metricsLn.Addr().String())
+	masked := fmt.Sprintf("domain=%s,key1=%s_%s,key2=masked_remote_address_0_0_0_0/0", domain, route, route)
+	// key2 is empty for a two-part key: Prometheus stores no label.
+	shadowed := fmt.Sprintf("domain=%s,key1=%s_%s,key2=", domain, shadow, shadow)
+	address := fmt.Sprintf("domain=%s,key1=remote_address_10_1_2_3,key2=", domain)
+	want := map[string]float64{
+		"ratelimit_service_rate_limit_total_hits{" + masked + "}":     2,
+		"ratelimit_service_rate_limit_within_limit{" + masked + "}":   1,
+		"ratelimit_service_rate_limit_over_limit{" + masked + "}":     1,
+		"ratelimit_service_rate_limit_near_limit{" + masked + "}":     1, // the last token (envoyproxy/ratelimit counts it too)
+		"ratelimit_service_rate_limit_shadow_mode{" + masked + "}":    0,
+		"ratelimit_service_rate_limit_total_hits{" + shadowed + "}":   2,
+		"ratelimit_service_rate_limit_within_limit{" + shadowed + "}": 1,
+		"ratelimit_service_rate_limit_over_limit{" + shadowed + "}":   1,
+		"ratelimit_service_rate_limit_near_limit{" + shadowed + "}":   1,
+		"ratelimit_service_rate_limit_shadow_mode{" + shadowed + "}":  1,
+		"ratelimit_service_rate_limit_total_hits{" + address + "}":    9,
+		"ratelimit_service_rate_limit_within_limit{" + address + "}":  9,
+		"ratelimit_service_rate_limit_near_limit{" + address + "}":    6,
+		"ratelimit_service_rate_limit_over_limit{" + address + "}":    0,
+	}
+	var diffs []string
+	series := 0
+	for k, v := range got {
+		if !strings.HasPrefix(k, "ratelimit_service_") {
+			continue
+		}
+		series++
+		if _, ok := want[k]; !ok && v != 0 || strings.Contains(k, "key1=a") {
+			diffs = append(diffs, fmt.Sprintf("unexpected %s = %v", k, v))
+		}
+	}
+	for k, v := range want {
+		if w, ok := got[k]; !ok || w != v {
+			diffs = append(diffs, fmt.Sprintf("%s = %v (served: %v), want %v", k, w, ok, v))
+		}
+	}
+	if series != 15 {
+		diffs = append(diffs, fmt.Sprintf("%d ratelimit_service series, want 5 names x 3 keys", series))
+	}
+	if len(diffs) > 0 {
+		slices.Sort(diffs)
+		t.Errorf("metrics:\n%s\nscraped:\n%s", strings.Join(diffs, "\n"), raw)
+	}
+	// The names are exactly the dashboards' (no _total), and the HTTP
+	// address serves the same metrics.
+	if !strings.Contains(raw, "\nratelimit_service_rate_limit_over_limit{") {
+		t.Errorf("no ratelimit_service_rate_limit_over_limit series:\n%s", raw)
+	}
+	if same, _ := scrape(t, s); same["ratelimit_service_rate_limit_total_hits{"+masked+"}"] != 2 {
+		t.Errorf("the HTTP address's /metrics lacks the counters")
+	}
+	checkMetricsDocumented(t, got, false)
 }
