@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -123,27 +122,19 @@ func freePort(t *testing.T) string {
 }
 
 // The binary started as /bin/ratelimit with Envoy Gateway's environment
-// (paths and addresses moved to the test's own) answers /healthcheck
+// (paths and addresses moved to the test's own), as the pod runs it
+// (user 65534, a file system it cannot write), answers /healthcheck
 // before any rules have come, takes them from the xDS server over mutual
-// TLS, and serves gRPC over mutual TLS with them.
+// TLS, serves gRPC over mutual TLS with them, and the counters Envoy
+// Gateway's dashboards read on PROMETHEUS_ADDR.
 func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
 	x := xdstest.Start(t)
-	dir := t.TempDir()
+	pod := newPodSandbox(t)
 	ca := certstest.NewCA(t, "eg-ca")
-	caFile := filepath.Join(dir, "ca.crt")
-	certstest.WriteFile(t, caFile, ca.PEM)
-	srvCert, srvKey := ca.Issue(t, "localhost", true).Write(t, t.TempDir())
-	bin := filepath.Join(dir, "bin", ratelimitName)
-	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(exe, bin); err != nil {
-		t.Fatal(err)
-	}
+	caFile := pod.file(t, "ca.crt", ca.PEM)
+	srv := ca.Issue(t, "localhost", true)
+	srvCert, srvKey := pod.file(t, "tls.crt", srv.CertPEM), pod.file(t, "tls.key", srv.KeyPEM)
+	xdsCA, xdsCert, xdsKey := pod.copy(t, x.CAFile), pod.copy(t, x.CertFile), pod.copy(t, x.KeyFile)
 	grpcPort, httpPort, promPort := freePort(t), freePort(t), freePort(t)
 	moved := map[string]string{
 		"PROMETHEUS_ADDR":                   "127.0.0.1:" + promPort,
@@ -152,12 +143,12 @@ func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
 		"GRPC_SERVER_TLS_CERT":              srvCert,
 		"GRPC_SERVER_TLS_KEY":               srvKey,
 		"GRPC_SERVER_TLS_CA_CERT":           caFile,
-		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT":   x.CertFile,
-		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY":    x.KeyFile,
-		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT": x.CAFile,
-		"RUNTIME_ROOT":                      dir,
+		"CONFIG_GRPC_XDS_CLIENT_TLS_CERT":   xdsCert,
+		"CONFIG_GRPC_XDS_CLIENT_TLS_KEY":    xdsKey,
+		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT": xdsCA,
+		"RUNTIME_ROOT":                      pod.dir,
 	}
-	env := append(os.Environ(), runMainEnv+"=1", "GRPC_HOST=127.0.0.1", "GRPC_PORT="+grpcPort,
+	env := append(os.Environ(), "HOME=/nonexistent", runMainEnv+"=1", "GRPC_HOST=127.0.0.1", "GRPC_PORT="+grpcPort,
 		"HOST=127.0.0.1", "PORT="+httpPort, "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+freePort(t))
 	for _, kv := range egDefaultEnv {
 		v := kv[1]
@@ -167,7 +158,7 @@ func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
 		env = append(env, kv[0]+"="+v)
 	}
 	out := &syncBuffer{}
-	cmd := exec.Command(bin)
+	cmd := pod.command(pod.bin)
 	cmd.Env, cmd.Stdout, cmd.Stderr = env, out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -214,6 +205,10 @@ func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
 			t.Errorf("%s grew by %v, want %v; PROMETHEUS_ADDR serves:\n%s", name, d, want, raw)
 		}
 	}
+	pod.checkUser(t, cmd.Process.Pid)
+	cmd.Process.Kill()
+	cmd.Wait()
+	pod.checkNothingWritten(t)
 }
 
 func httpGet(url string) (int, error) {
