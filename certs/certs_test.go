@@ -167,3 +167,62 @@ func TestNewErrorsNameTheFile(t *testing.T) {
 		})
 	}
 }
+
+// A client config from a Reloader presents the client certificate in
+// force and verifies the server against the CA bundle in force, so a
+// reconnecting client follows a rotation of both (Envoy Gateway rotates
+// the certificates its rate-limit pod dials its xDS server with).
+func TestClientTLSConfigFollowsRotation(t *testing.T) {
+	oldCA, newCA, otherCA := certstest.NewCA(t, "old CA"), certstest.NewCA(t, "new CA"), certstest.NewCA(t, "other CA")
+	// A server of each CA, requiring client certificates of its own CA;
+	// the other CA's server takes any client, so that only the client's
+	// verification can refuse it.
+	server := func(ca *certstest.CA, mutual bool) string {
+		dir := t.TempDir()
+		f := writeIdentity(t, dir, ca.Issue(t, "xds", true))
+		if mutual {
+			f.ClientCA = filepath.Join(dir, "ca.pem")
+			certstest.WriteFile(t, f.ClientCA, ca.PEM)
+		}
+		return serve(t, newReloader(t, f))
+	}
+	oldServer, newServer, otherServer := server(oldCA, true), server(newCA, true), server(otherCA, false)
+
+	dir := t.TempDir()
+	identity := func(ca *certstest.CA) certs.Files {
+		f := writeIdentity(t, dir, ca.Issue(t, "sluice", false))
+		f.ClientCA = filepath.Join(dir, "ca.pem")
+		certstest.WriteFile(t, f.ClientCA, ca.PEM)
+		return f
+	}
+	r := newReloader(t, identity(oldCA))
+	cfg := r.ClientTLSConfig()
+	if _, err := check(t, oldServer, cfg); err != nil {
+		t.Fatalf("the old CA's server: %v", err)
+	}
+	for name, addr := range map[string]string{"the new CA's server": newServer, "another CA's server": otherServer} {
+		if _, err := check(t, addr, cfg); status.Code(err) != codes.Unavailable {
+			t.Errorf("%s, before the rotation: %v, want the handshake to fail", name, err)
+		}
+	}
+
+	identity(newCA)
+	if err := r.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := check(t, newServer, cfg); err != nil {
+		t.Errorf("the new CA's server, after the rotation: %v", err)
+	}
+	for name, addr := range map[string]string{"the old CA's server": oldServer, "another CA's server": otherServer} {
+		if _, err := check(t, addr, cfg); status.Code(err) != codes.Unavailable {
+			t.Errorf("%s, after the rotation: %v, want the handshake to fail", name, err)
+		}
+	}
+	// The name dialled is verified too: the server's certificate is for
+	// localhost and 127.0.0.1, not for this name.
+	wrongName := cfg.Clone()
+	wrongName.ServerName = "xds.example"
+	if _, err := check(t, newServer, wrongName); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "xds.example") {
+		t.Errorf("a server certificate for another name: %v, want the handshake to fail naming it", err)
+	}
+}

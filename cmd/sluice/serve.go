@@ -114,7 +114,7 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.xdsServer, "xds-server", "", "take the rules from this xDS server (host:port) instead of --config-dir: RateLimitConfig resources over ADS, as Envoy Gateway sends them")
 	f.StringVar(&o.xdsNodeID, "xds-node-id", "", "the node ID this replica gives the xDS server; required with --xds-server")
 	f.StringVar(&o.xdsCA, "xds-tls-ca", "", "connect to the xDS server with TLS, trusting this CA bundle (PEM)")
-	f.StringVar(&o.xdsCert, "xds-tls-cert", "", "client certificate (PEM) for mutual TLS with the xDS server; needs --xds-tls-ca")
+	f.StringVar(&o.xdsCert, "xds-tls-cert", "", "client certificate (PEM) for mutual TLS with the xDS server; needs --xds-tls-ca; with it, the three files are reloaded when they change")
 	f.StringVar(&o.xdsKey, "xds-tls-key", "", "the key of --xds-tls-cert (PEM)")
 	f.BoolVar(&o.xdsStartWithoutRules, "xds-start-without-rules", false, "serve at once, limiting nothing until the xDS server's first rules arrive, instead of waiting for them")
 	f.StringVar(&o.backend, "backend", "memory", "where buckets live: memory or dynamodb")

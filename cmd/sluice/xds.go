@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
+	"github.com/sluice-rl/sluice/certs"
 	"github.com/sluice-rl/sluice/descriptors"
 	"github.com/sluice-rl/sluice/descriptors/xds"
 )
@@ -30,8 +32,7 @@ func openRules(ctx, watchCtx context.Context, o serveOptions, log *slog.Logger) 
 	if o.xdsNodeID == "" {
 		return nil, usageError{fmt.Errorf("--xds-server needs --xds-node-id")}
 	}
-	creds, err := clientTLS{ca: o.xdsCA, cert: o.xdsCert, key: o.xdsKey,
-		caFlag: "--xds-tls-ca", certFlag: "--xds-tls-cert", keyFlag: "--xds-tls-key"}.transport()
+	creds, err := xdsCredentials(watchCtx, o, log)
 	if err != nil {
 		return nil, err
 	}
@@ -61,6 +62,26 @@ func openRules(ctx, watchCtx context.Context, o serveOptions, log *slog.Logger) 
 				slog.String("xds_server", o.xdsServer), slog.String("last_error", src.Stats().LastError))
 		}
 	}
+}
+
+// xdsCredentials are the transport credentials to the xDS server. With a
+// client certificate (mutual TLS, as Envoy Gateway runs it), the
+// certificate, its key and the CA bundle are watched and reloaded like
+// serve's own: Envoy Gateway rotates them in its Secret, and every
+// reconnection shows the files in force.
+func xdsCredentials(watchCtx context.Context, o serveOptions, log *slog.Logger) (credentials.TransportCredentials, error) {
+	static := clientTLS{ca: o.xdsCA, cert: o.xdsCert, key: o.xdsKey,
+		caFlag: "--xds-tls-ca", certFlag: "--xds-tls-cert", keyFlag: "--xds-tls-key"}
+	creds, err := static.transport() // checks the flags go together
+	if err != nil || o.xdsCert == "" {
+		return creds, err
+	}
+	r, err := certs.New(certs.Files{Cert: o.xdsCert, Key: o.xdsKey, ClientCA: o.xdsCA}, log.With(slog.String("component", "xds-tls")))
+	if err != nil {
+		return nil, fmt.Errorf("--xds-tls-cert, --xds-tls-key, --xds-tls-ca: %w", err)
+	}
+	go r.Watch(watchCtx, 0)
+	return credentials.NewTLS(r.ClientTLSConfig()), nil
 }
 
 // rulesFrom names where the rules come from, for the logs.

@@ -67,6 +67,28 @@ func TestServeRulesFromXDS(t *testing.T) {
 	}
 }
 
+// Envoy Gateway rotates the certificates its rate-limit pod and its xDS
+// server use: after a rotation to a new CA, Sluice reconnects with the
+// new files and takes the next rules, keeping the old ones meanwhile.
+func TestServeXDSAfterCertificateRotation(t *testing.T) {
+	x := xdstest.Start(t)
+	x.Set(t, "v1", perMinute("gw", 2))
+	s, _, _ := startTestServer(t, xdsOptions(x))
+	c := dial(t, s.grpcLn.Addr().String())
+	if resp, err := ask(c, "gw", "client", "c1"); err != nil || resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != 2 {
+		t.Fatalf("before the rotation: %v %v", resp, err)
+	}
+	x.Rotate(t)
+	x.Set(t, "v2", perMinute("gw", 7))
+	waitUntil(t, 20*time.Second, "the rules sent after the rotation in force", func() bool {
+		resp, err := ask(c, "gw", "client", "c1")
+		if err != nil || resp.Statuses[0].GetCurrentLimit() == nil {
+			t.Fatalf("the old rules were dropped meanwhile: %v %v", resp, err)
+		}
+		return resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() == 7
+	})
+}
+
 // The xDS flags say what is missing or wrong.
 func TestServeXDSFlags(t *testing.T) {
 	for _, c := range []struct {

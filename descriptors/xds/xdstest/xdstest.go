@@ -54,18 +54,26 @@ type Server struct {
 func Start(t testing.TB) *Server {
 	t.Helper()
 	dir := t.TempDir()
+	s := &Server{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, "sluice.pem"), KeyFile: filepath.Join(dir, "sluice-key.pem")}
+	s.newIdentity(t)
+	s.serve(t, "127.0.0.1:0")
+	return s
+}
+
+// newIdentity makes a CA, the server's certificate and a client's, and
+// writes the CA and the client's to the Server's files.
+func (s *Server) newIdentity(t testing.TB) {
+	t.Helper()
 	ca := certstest.NewCA(t, "xds-ca")
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.Cert)
-	s := &Server{CAFile: filepath.Join(dir, "ca.pem")}
-	certstest.WriteFile(t, s.CAFile, ca.PEM)
 	client := ca.Issue(t, "sluice", false)
-	s.CertFile, s.KeyFile = client.Write(t, dir)
+	certstest.WriteFile(t, s.CAFile, ca.PEM)
+	certstest.WriteFile(t, s.CertFile, client.CertPEM)
+	certstest.WriteFile(t, s.KeyFile, client.KeyPEM)
 	s.ClientCreds = credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{client.TLSCert(t)}, RootCAs: pool, ServerName: "localhost"})
 	s.serverCreds = credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{ca.Issue(t, "localhost", true).TLSCert(t)},
 		ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert})
-	s.serve(t, "127.0.0.1:0")
-	return s
 }
 
 // serve starts serving on addr with an empty snapshot cache.
@@ -95,6 +103,17 @@ func (s *Server) Stop() { s.grpc.Stop() }
 // Restart serves again where it served, with no snapshot.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
+	s.serve(t, s.Addr)
+}
+
+// Rotate replaces every certificate with ones of a new CA, writing the
+// client's files anew as a rotation of Envoy Gateway's Secret does, and
+// serves again where it served, with no snapshot: streams end, and a
+// client that still holds the old CA or certificate cannot connect.
+func (s *Server) Rotate(t testing.TB) {
+	t.Helper()
+	s.Stop()
+	s.newIdentity(t)
 	s.serve(t, s.Addr)
 }
 
