@@ -1,12 +1,15 @@
 package descriptors
 
 import (
+	"math"
 	"reflect"
 	"strings"
 	"testing"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
+	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/descriptors/corpustest"
 )
 
@@ -102,5 +105,40 @@ func TestRateLimitConfigsRefused(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// No requests_per_unit a resource can carry is absurd to Sluice: the
+// field is 32 bits, and a token bucket holds up to 2^40 tokens, so every
+// value, from 0 (deny everything) to 4294967295 a second or a year,
+// loads and decides exactly. (Out of range in a rule file, where it is
+// written as text, the value is refused by file and line.)
+func TestRateLimitConfigsAtTheirExtremes(t *testing.T) {
+	for _, c := range []struct {
+		unit rlconfv3.RateLimitUnit
+		rpu  uint32
+	}{{rlconfv3.RateLimitUnit_SECOND, 0}, {rlconfv3.RateLimitUnit_SECOND, math.MaxUint32}, {rlconfv3.RateLimitUnit_YEAR, math.MaxUint32}} {
+		cfg, err := FromRateLimitConfigs([]*rlconfv3.RateLimitConfig{{Name: "gw", Domain: "d", Descriptors: []*rlconfv3.RateLimitDescriptor{
+			{Key: "k", RateLimit: &rlconfv3.RateLimitPolicy{Unit: c.unit, RequestsPerUnit: c.rpu}}}}})
+		if err != nil {
+			t.Fatalf("%d per %v: %v", c.rpu, c.unit, err)
+		}
+		m, ok := cfg.Match("d", &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}})
+		if !ok || len(m.Rule.Limits) != 1 {
+			t.Fatalf("%d per %v: no limit matched", c.rpu, c.unit)
+		}
+		l := m.Rule.Limits[0]
+		if err := l.Validate(); err != nil {
+			t.Fatalf("%d per %v: %v", c.rpu, c.unit, err)
+		}
+		// A full bucket admits exactly rpu hits at once, and not one more.
+		now := int64(1_700_000_000_000)
+		states, results := []bucket.State{bucket.Full(l, now)}, make([]bucket.Result, 1)
+		if c.rpu > 0 && !bucket.Decide([]bucket.Limit{l}, states, uint64(c.rpu), now, results) {
+			t.Errorf("%d per %v: %d hits denied on a full bucket", c.rpu, c.unit, c.rpu)
+		}
+		if bucket.Decide([]bucket.Limit{l}, states, 1, now, results) {
+			t.Errorf("%d per %v: a hit past %d allowed", c.rpu, c.unit, c.rpu)
+		}
 	}
 }
