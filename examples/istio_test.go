@@ -568,11 +568,15 @@ func TestIstioSidecar(t *testing.T) {
 // validates it fails here.
 func TestEveryEnvoyConfigIsChecked(t *testing.T) {
 	checked := map[string]bool{
-		"envoy.yaml":                           true, // TestEnvoyBootstrapIsValid
-		"examples/istio/gateway.yaml":          true, // TestIstioGateway
-		"examples/istio/sidecar.yaml":          true, // TestIstioSidecar
-		"examples/istio/sluice.yaml":           true, // TestIstioSluiceManifests
-		"examples/docker-compose/compose.yaml": true, // TestComposeDemo
+		"envoy.yaml":                                       true, // TestEnvoyBootstrapIsValid
+		"examples/istio/gateway.yaml":                      true, // TestIstioGateway
+		"examples/istio/sidecar.yaml":                      true, // TestIstioSidecar
+		"examples/istio/sluice.yaml":                       true, // TestIstioSluiceManifests
+		"examples/docker-compose/compose.yaml":             true, // TestComposeDemo
+		"examples/envoy-gateway/envoy-gateway-config.yaml": true, // TestEnvoyGatewayConfig
+		"examples/envoy-gateway/gateway.yaml":              true, // TestEnvoyGatewayDemo
+		"examples/envoy-gateway/backend.yaml":              true, // TestEnvoyGatewayDemo
+		"examples/envoy-gateway/policy.yaml":               true, // TestEnvoyGatewayDemo
 	}
 	envoyish := regexp.MustCompile(`(?m)kind:\s*EnvoyFilter|typed_config|static_resources|envoy\.filters\.|apiVersion:`)
 	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
