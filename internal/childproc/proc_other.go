@@ -1,6 +1,6 @@
 //go:build !unix
 
-package dynamodbtest
+package childproc
 
 import (
 	"os"

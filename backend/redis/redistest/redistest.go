@@ -1,0 +1,226 @@
+// Package redistest runs a real redis-server (the Debian package) for
+// integration tests: never a mock.
+//
+//	srv := redistest.Require(t) // skips (fails with CI=true) without redis-server
+//	// connect to srv.Addr(), or give srv.URL() to --redis-url
+//
+// Each Require starts a server of its own on a free loopback port, in
+// memory (no RDB, no AOF), and stops it in t.Cleanup: redis-server starts
+// in milliseconds, so tests need not share one. Kill, Restart, Pause and
+// Resume play the faults a backend must survive.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/internal/childproc"
+)
+
+// StartTimeout bounds how long Start waits for the server to answer PING.
+const StartTimeout = 10 * time.Second
+
+// ErrUnavailable is wrapped by Start's error when redis-server is not
+// installed: the machine cannot run these tests, as opposed to a server
+// that failed to start.
+var ErrUnavailable = errors.New("redis-server is unavailable")
+
+// Options change how a server runs.
+type Options struct {
+	// Config is more configuration, as redis-server's command-line
+	// directives without the dashes: {"maxmemory", "2mb",
+	// "maxmemory-policy", "noeviction"}.
+	Config []string
+}
+
+// Server is a running redis-server.
+type Server struct {
+	bin, dir string
+	port     int
+	opts     Options
+
+	mu sync.Mutex // guards p across Kill and Restart
+	p  *childproc.Proc
+}
+
+// Start starts redis-server on a free loopback port and waits (up to
+// StartTimeout, or ctx) until it answers PING. ctx bounds the start only:
+// call Stop.
+func Start(ctx context.Context, dir string, o Options) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("%w: redis-server not found in PATH", ErrUnavailable)
+	}
+	var lastErr error
+	for range 3 { // a port picked free may be taken before the server binds it
+		port, err := childproc.FreePort()
+		if err != nil {
+			return nil, fmt.Errorf("redistest: %w", err)
+		}
+		s := &Server{bin: bin, dir: dir, port: port, opts: o}
+		if lastErr = s.start(ctx); lastErr == nil {
+			return s, nil
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, lastErr
+}
+
+func (s *Server) start(ctx context.Context) error {
+	args := []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning"}
+	for i := 0; i+1 < len(s.opts.Config); i += 2 {
+		args = append(args, "--"+s.opts.Config[i], s.opts.Config[i+1])
+	}
+	p, err := childproc.Start(exec.Command(s.bin, args...))
+	if err != nil {
+		return fmt.Errorf("redistest: %w", err)
+	}
+	s.mu.Lock()
+	s.p = p
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, StartTimeout)
+	defer cancel()
+	for {
+		err := s.Ping(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-p.Done():
+			return fmt.Errorf("redistest: redis-server exited: %v\n--- its output ---\n%s", p.Err(), p.Output())
+		case <-ctx.Done():
+			p.Kill()
+			return fmt.Errorf("redistest: redis-server did not answer on %s: %w (last: %v)\n--- its output ---\n%s", s.Addr(), ctx.Err(), err, p.Output())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// URL is the server's redis:// URL, database 0.
+func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
+
+// Ping sends PING on a connection of its own and checks for PONG.
+func (s *Server) Ping(ctx context.Context) error {
+	reply, err := s.Do(ctx, "PING")
+	if err == nil && reply != "PONG" {
+		err = fmt.Errorf("PING answered %q", reply)
+	}
+	return err
+}
+
+// Do sends one command on a connection of its own and returns the reply
+// line without its type byte (an error reply is returned as an error).
+// It is for tests setting up or inspecting the server with simple
+// commands (CONFIG SET, DBSIZE, TTL), not a client.
+func (s *Server) Do(ctx context.Context, args ...string) (string, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", s.Addr())
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	} else {
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := conn.Write([]byte(b.String())); err != nil {
+		return "", err
+	}
+	r := bufio.NewReader(conn)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	if line == "" {
+		return "", errors.New("empty reply")
+	}
+	switch line[0] {
+	case '-':
+		return "", errors.New(line[1:])
+	case '$':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return "", err
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+	return line[1:], nil
+}
+
+// Stop kills the server. It is safe to call more than once.
+func (s *Server) Stop() { s.Kill() }
+
+// Kill ends the server at once with SIGKILL, as a crash would: its data
+// is gone, connections are reset and new ones refused until Restart.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	p := s.p
+	s.mu.Unlock()
+	p.Kill()
+}
+
+// Restart starts the server again, empty, on the same port after Kill.
+func (s *Server) Restart(ctx context.Context) error {
+	s.Kill()
+	return s.start(ctx)
+}
+
+// Pause freezes the server (SIGSTOP): connections stay open and nothing
+// answers, as a server that hangs. Resume thaws it.
+func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+
+// Resume thaws a paused server (SIGCONT).
+func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) error {
+	s.mu.Lock()
+	p := s.p
+	s.mu.Unlock()
+	return p.Signal(sig)
+}
+
+// Require returns a redis-server for this test alone, stopped in
+// tb.Cleanup. Without redis-server the test is skipped with a message
+// saying how to install it, but with CI=true it fails: CI must run every
+// test. A server that is there but does not start always fails the test.
+func Require(tb testing.TB) *Server { return RequireWith(tb, Options{}) }
+
+// RequireWith is Require with Options.
+func RequireWith(tb testing.TB, o Options) *Server {
+	tb.Helper()
+	srv, err := Start(context.Background(), tb.TempDir(), o)
+	if err == nil {
+		tb.Cleanup(srv.Stop) // SIGKILL ends a paused server too
+	}
+	childproc.Require(tb, err, ErrUnavailable, `To run the Redis integration tests:
+  - redis-server:   apt-get install redis-server (.ci/run installs it in CI)`)
+	return srv
+}
