@@ -93,10 +93,10 @@ func Cost(l Limit, hits uint64) int64 {
 	return int64(hits) * Milli
 }
 
-// refundAmount is what a refund of hits gives back to l. Per-request limits
+// RefundAmount is what a refund of hits gives back to l. Per-request limits
 // count requests, and a refund does not undo the request, so it gives
 // nothing back to them.
-func refundAmount(l Limit, hits uint64) int64 {
+func RefundAmount(l Limit, hits uint64) int64 {
 	if l.PerRequest {
 		return 0
 	}

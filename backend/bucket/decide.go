@@ -55,7 +55,7 @@ func Decide(limits []Limit, states []State, hits uint64, now int64, results []Re
 func Refund(limits []Limit, states []State, hits uint64, now int64, results []Result) {
 	for i, l := range limits {
 		s := Refill(l, states[i], now)
-		s.Tokens = min(l.Burst, s.Tokens+refundAmount(l, hits))
+		s.Tokens = min(l.Burst, s.Tokens+RefundAmount(l, hits))
 		if s.Tokens == l.Burst {
 			s.Clock = now
 		}
