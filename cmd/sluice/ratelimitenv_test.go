@@ -54,6 +54,32 @@ var egDefaultEnv = [][2]string{
 	{"PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"},
 }
 
+// egTestdataEnv is the environment of the same Deployment as its testdata
+// deployments/default.yaml stores it (at f814ea13), in order: a
+// statsd_exporter sidecar served the metrics then, and statsd was off.
+var egTestdataEnv = [][2]string{
+	{"REDIS_SOCKET_TYPE", "tcp"},
+	{"REDIS_URL", "redis.redis.svc:6379"},
+	{"RUNTIME_ROOT", "/data"},
+	{"RUNTIME_SUBDIRECTORY", "ratelimit"},
+	{"RUNTIME_IGNOREDOTFILES", "true"},
+	{"RUNTIME_WATCH_ROOT", "false"},
+	{"LOG_LEVEL", "info"},
+	{"USE_STATSD", "false"},
+	{"CONFIG_TYPE", "GRPC_XDS_SOTW"},
+	{"CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"},
+	{"CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"},
+	{"GRPC_SERVER_USE_TLS", "true"},
+	{"GRPC_SERVER_TLS_CERT", "/certs/tls.crt"},
+	{"GRPC_SERVER_TLS_KEY", "/certs/tls.key"},
+	{"GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"},
+	{"CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"},
+	{"CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"},
+	{"CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"},
+	{"CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"},
+	{"FORCE_START_WITHOUT_INITIAL_CONFIG", "true"},
+}
+
 func lookupIn(env [][2]string) func(string) (string, bool) {
 	return func(name string) (string, bool) {
 		for _, kv := range env {
@@ -126,8 +152,14 @@ func freePort(t *testing.T) string {
 // (user 65534, a file system it cannot write), answers /healthcheck
 // before any rules have come, takes them from the xDS server over mutual
 // TLS, serves gRPC over mutual TLS with them, and the counters Envoy
-// Gateway's dashboards read on PROMETHEUS_ADDR.
+// Gateway's dashboards read on PROMETHEUS_ADDR (when it is set: its
+// earlier pods ran a statsd_exporter sidecar instead).
 func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
+	t.Run("resource.go", func(t *testing.T) { runEnvoyGatewaysPod(t, egDefaultEnv) })
+	t.Run("testdata", func(t *testing.T) { runEnvoyGatewaysPod(t, egTestdataEnv) })
+}
+
+func runEnvoyGatewaysPod(t *testing.T, podEnv [][2]string) {
 	x := xdstest.Start(t)
 	pod := newPodSandbox(t)
 	ca := certstest.NewCA(t, "eg-ca")
@@ -150,7 +182,9 @@ func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
 	}
 	env := append(os.Environ(), "HOME=/nonexistent", runMainEnv+"=1", "GRPC_HOST=127.0.0.1", "GRPC_PORT="+grpcPort,
 		"HOST=127.0.0.1", "PORT="+httpPort, "DEBUG_HOST=127.0.0.1", "DEBUG_PORT="+freePort(t))
-	for _, kv := range egDefaultEnv {
+	prometheus := false
+	for _, kv := range podEnv {
+		prometheus = prometheus || kv[0] == "USE_PROMETHEUS"
 		v := kv[1]
 		if m, ok := moved[kv[0]]; ok {
 			v = m
@@ -190,13 +224,25 @@ func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
 	})
 	// Envoy Gateway's dashboards read the rule's counters on
 	// PROMETHEUS_ADDR; the probes above count under the same key.
-	before, _ := scrapeAddr(t, "127.0.0.1:"+promPort)
+	var before map[string]float64
+	if prometheus {
+		before, _ = scrapeAddr(t, "127.0.0.1:"+promPort)
+	}
 	resp, err := ask(c, "gw", "client", "c1")
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("first call: %v %v\n%s", resp, err, out.String())
 	}
 	if resp, err = ask(c, "gw", "client", "c1"); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("second call under 1/minute: %v %v", resp, err)
+	}
+	pod.checkUser(t, cmd.Process.Pid)
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		pod.checkNothingWritten(t)
+	}()
+	if !prometheus {
+		return
 	}
 	after, raw := scrapeAddr(t, "127.0.0.1:"+promPort)
 	for stat, want := range map[string]float64{"total_hits": 2, "within_limit": 1, "over_limit": 1} {
@@ -205,10 +251,6 @@ func TestRunsAsRatelimitInEnvoyGatewaysPod(t *testing.T) {
 			t.Errorf("%s grew by %v, want %v; PROMETHEUS_ADDR serves:\n%s", name, d, want, raw)
 		}
 	}
-	pod.checkUser(t, cmd.Process.Pid)
-	cmd.Process.Kill()
-	cmd.Wait()
-	pod.checkNothingWritten(t)
 }
 
 func httpGet(url string) (int, error) {
