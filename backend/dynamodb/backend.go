@@ -450,7 +450,7 @@ func (b *Backend) targets(ctx context.Context, req *backend.Request, ts []target
 			return nil, level, err
 		}
 		if i == 0 && parent == "" {
-			parent = rs.parent
+			parent = rs.Parent
 		}
 		res, err := backend.Resolve(ctx, rs, entity, req.Resource, req.Defaults)
 		if err != nil {
