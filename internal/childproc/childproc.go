@@ -7,6 +7,7 @@ package childproc
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -94,6 +95,34 @@ func (p *Proc) Kill() {
 	})
 }
 
+// Current is the run in force of a server that tests kill and start
+// again; the zero value holds none. It is safe for concurrent use.
+type Current struct {
+	mu sync.Mutex
+	p  *Proc
+}
+
+// Set makes p the run in force.
+func (c *Current) Set(p *Proc) {
+	c.mu.Lock()
+	c.p = p
+	c.mu.Unlock()
+}
+
+// Proc is the run in force, nil before the first Set.
+func (c *Current) Proc() *Proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.p
+}
+
+// Kill kills the run in force (Proc.Kill), if any.
+func (c *Current) Kill() {
+	if p := c.Proc(); p != nil {
+		p.Kill()
+	}
+}
+
 // FreePort returns a loopback port free now. Another process may take it
 // before the server binds it: callers retry with a new one.
 func FreePort() (int, error) {
@@ -103,6 +132,23 @@ func FreePort() (int, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// OnFreePort calls start with a free loopback port until it succeeds, up
+// to three times: a port picked free may be taken before the server binds
+// it. It returns start's last error.
+func OnFreePort(ctx context.Context, start func(port int) error) error {
+	var err error
+	for range 3 {
+		port, perr := FreePort()
+		if perr != nil {
+			return perr
+		}
+		if err = start(port); err == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
 }
 
 // Output keeps the first MiB written to it.

@@ -72,8 +72,7 @@ type Server struct {
 	java, jar string
 	dir       string // on-disk database; "" runs in memory
 
-	mu sync.Mutex      // guards p across Kill and Restart
-	p  *childproc.Proc // one run of the java process; Restart makes a new one
+	proc childproc.Current // the java process; Restart makes a new one
 }
 
 // Options change how StartWith runs the server.
@@ -101,21 +100,15 @@ func StartWith(ctx context.Context, o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	var lastErr error
-	for attempt := 0; attempt < 3; attempt++ { // a port picked free may be taken before java binds it
-		port, err := childproc.FreePort()
-		if err != nil {
-			return nil, fmt.Errorf("dynamodbtest: %w", err)
-		}
-		s := &Server{endpoint: "http://127.0.0.1:" + strconv.Itoa(port), port: port, java: java, jar: jar, dir: o.Dir}
-		if lastErr = s.start(ctx); lastErr == nil {
-			return s, nil
-		}
-		if ctx.Err() != nil {
-			break
-		}
+	var s *Server
+	err = childproc.OnFreePort(ctx, func(port int) error {
+		s = &Server{endpoint: "http://127.0.0.1:" + strconv.Itoa(port), port: port, java: java, jar: jar, dir: o.Dir}
+		return s.start(ctx)
+	})
+	if err != nil {
+		return nil, err
 	}
-	return nil, lastErr
+	return s, nil
 }
 
 // start runs a new java process on s's port and waits until it answers.
@@ -137,9 +130,7 @@ func (s *Server) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("dynamodbtest: %w", err)
 	}
-	s.mu.Lock()
-	s.p = p
-	s.mu.Unlock()
+	s.proc.Set(p)
 
 	ctx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
@@ -203,12 +194,7 @@ func (s *Server) Stop() { s.Kill() }
 // Kill ends the server at once with SIGKILL, as a crash or a lost host
 // would, and waits for it to exit: connections are reset and new ones
 // refused until Restart. It is safe to call more than once.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	p := s.p
-	s.mu.Unlock()
-	p.Kill()
-}
+func (s *Server) Kill() { s.proc.Kill() }
 
 // Restart starts the server again on the same port after Kill. With
 // Options.Dir it finds the tables and items as the kill left them; in

@@ -20,7 +20,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -50,8 +49,7 @@ type Server struct {
 	port     int
 	opts     Options
 
-	mu sync.Mutex // guards p across Kill and Restart
-	p  *childproc.Proc
+	proc childproc.Current
 }
 
 // Start starts redis-server on a free loopback port and waits (up to
@@ -62,21 +60,15 @@ func Start(ctx context.Context, dir string, o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: redis-server not found in PATH", ErrUnavailable)
 	}
-	var lastErr error
-	for range 3 { // a port picked free may be taken before the server binds it
-		port, err := childproc.FreePort()
-		if err != nil {
-			return nil, fmt.Errorf("redistest: %w", err)
-		}
-		s := &Server{bin: bin, dir: dir, port: port, opts: o}
-		if lastErr = s.start(ctx); lastErr == nil {
-			return s, nil
-		}
-		if ctx.Err() != nil {
-			break
-		}
+	var s *Server
+	err = childproc.OnFreePort(ctx, func(port int) error {
+		s = &Server{bin: bin, dir: dir, port: port, opts: o}
+		return s.start(ctx)
+	})
+	if err != nil {
+		return nil, err
 	}
-	return nil, lastErr
+	return s, nil
 }
 
 func (s *Server) start(ctx context.Context) error {
@@ -89,9 +81,7 @@ func (s *Server) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("redistest: %w", err)
 	}
-	s.mu.Lock()
-	s.p = p
-	s.mu.Unlock()
+	s.proc.Set(p)
 	ctx, cancel := context.WithTimeout(ctx, StartTimeout)
 	defer cancel()
 	for {
@@ -180,12 +170,7 @@ func (s *Server) Stop() { s.Kill() }
 
 // Kill ends the server at once with SIGKILL, as a crash would: its data
 // is gone, connections are reset and new ones refused until Restart.
-func (s *Server) Kill() {
-	s.mu.Lock()
-	p := s.p
-	s.mu.Unlock()
-	p.Kill()
-}
+func (s *Server) Kill() { s.proc.Kill() }
 
 // Restart starts the server again, empty, on the same port after Kill.
 func (s *Server) Restart(ctx context.Context) error {
@@ -200,12 +185,7 @@ func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
 // Resume thaws a paused server (SIGCONT).
 func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
 
-func (s *Server) signal(sig syscall.Signal) error {
-	s.mu.Lock()
-	p := s.p
-	s.mu.Unlock()
-	return p.Signal(sig)
-}
+func (s *Server) signal(sig syscall.Signal) error { return s.proc.Proc().Signal(sig) }
 
 // Require returns a redis-server for this test alone, stopped in
 // tb.Cleanup. Without redis-server the test is skipped with a message
