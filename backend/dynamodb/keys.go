@@ -1,11 +1,9 @@
 package dynamodb
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"strings"
-	"unicode/utf8"
+
+	"github.com/sluice-rl/sluice/backend/keyseg"
 )
 
 // Key layout (DESIGN section 6). Every key is a fixed marker followed by at
@@ -34,22 +32,20 @@ const (
 	// maxPrefixLen is the longest deployment prefix NewKeys accepts.
 	maxPrefixLen = 64
 
-	// maxSegmentLen is the longest escaped segment kept readable; longer
-	// ones are hashed. DynamoDB allows 2048 bytes for a partition key and
-	// 1024 for a sort key (GSI keys included); with the longest prefix and
+	// maxSegmentLen is the longest escaped segment kept readable
+	// (keyseg.MaxLen); longer ones are hashed. DynamoDB allows 2048 bytes
+	// for a partition key and 1024 for a sort key (GSI keys included); with the longest prefix and
 	// marker the longest key is 64+1+9+512 = 586 bytes for a PK and
 	// 8+512 = 520 for an SK, well inside both. The bound is deliberately
 	// lower than the limits allow: a bucket item repeats the entity and
 	// the resource in two keys each, and key bytes count toward the item
 	// size that write capacity (1 KB units) is billed on. Real entities
 	// (addresses, host names, header values) are far shorter.
-	maxSegmentLen = 512
+	maxSegmentLen = keyseg.MaxLen
 
 	// hashMarker starts a hashed segment. An escaped segment never contains
 	// a raw '#', so no escaped form can equal a hashed one.
-	hashMarker = "#H"
-
-	upperHex = "0123456789ABCDEF"
+	hashMarker = keyseg.HashMarker
 )
 
 // Keys builds the keys of every item kind, under an optional prefix that
@@ -138,84 +134,8 @@ func (k Keys) GSI2PK(resource string) string { return k.pk(resourceMarker, Encod
 // GSI2SK is the GSI2 sort key of a bucket: BUCKET#{entity}.
 func GSI2SK(entity string) string { return bucketMarker + Encode(entity) }
 
-// Encode turns request data into a key segment that is injective, free of
-// '#', valid UTF-8 and bounded in length:
-//
-//   - '%' becomes %25, '#' becomes %23, and every byte that is not part of
-//     valid UTF-8 becomes %XX (DynamoDB rejects invalid UTF-8). Everything
-//     else is kept, so the common case stays readable in the table. Since
-//     every '%' of the output starts an escape, decoding is unambiguous.
-//   - If the escaped form is longer than maxSegmentLen bytes, the segment
-//     is "#H" followed by the lowercase hex SHA-256 of the original bytes.
-//     Escaped forms never contain '#', so the two forms cannot meet, and
-//     two hashed forms only meet on a SHA-256 collision. The original must
-//     then be kept in an attribute of the item.
-//
-// The empty string encodes to "".
-func Encode(s string) string {
-	n, plain := escapedLen(s)
-	if n > maxSegmentLen {
-		sum := sha256.Sum256([]byte(s))
-		return hashMarker + hex.EncodeToString(sum[:])
-	}
-	if plain {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(n)
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c == '%' || c == '#' {
-				escapeByte(&b, c)
-			} else {
-				b.WriteByte(c)
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			escapeByte(&b, c)
-		} else {
-			b.WriteString(s[i : i+size])
-		}
-		i += size
-	}
-	return b.String()
-}
-
-// escapedLen is the length of the escaped form of s (before hashing), and
-// whether s needs no escaping at all. It stops counting once the bound is
-// passed, so hashing a huge input does not scan it twice.
-func escapedLen(s string) (n int, plain bool) {
-	plain = true
-	for i := 0; i < len(s) && n <= maxSegmentLen; {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c == '%' || c == '#' {
-				n += 3
-				plain = false
-			} else {
-				n++
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			n += 3
-			plain = false
-		} else {
-			n += size
-		}
-		i += size
-	}
-	return n, plain
-}
-
-func escapeByte(b *strings.Builder, c byte) {
-	b.WriteByte('%')
-	b.WriteByte(upperHex[c>>4])
-	b.WriteByte(upperHex[c&0x0f])
-}
+// Encode turns request data into a key segment (keyseg.Encode): '%' and
+// '#' escaped, as is every byte that is not valid UTF-8 (DynamoDB rejects
+// invalid UTF-8), and hashed past maxSegmentLen bytes. The key markers
+// end or start with '#', which an encoded segment never contains raw.
+func Encode(s string) string { return keyseg.Encode(s, "") }
