@@ -11,8 +11,12 @@
 //
 // Label values come from configuration only (domains that have rule files,
 // rule paths, operation names), so the number of series stays bounded
-// whatever the requests carry. The one exception is opt-in: a rule with
-// detailed_metric adds its entities to sluice_detailed_decisions_total.
+// whatever the requests carry. The exceptions are opt-in, by the rule: a
+// rule with detailed_metric adds its entities to
+// sluice_detailed_decisions_total, and with Options.RatelimitStats a rule
+// with value_to_metric or detailed_metric puts request values into the
+// key labels of ratelimit_service_rate_limit_*, as envoyproxy/ratelimit
+// does.
 package telemetry
 
 import (
