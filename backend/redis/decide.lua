@@ -138,8 +138,16 @@ if refund or (allowed and anyCost) then
     for _, l in ipairs(b.limits) do
       if not refund and l.cost > 0 then
         -- Redis's own 64-bit integers: consumption outgrows 2^53. Read
-        -- back as a string: an integer reply becomes a Lua double.
-        redis.call('HINCRBY', b.key, field(l.name, 'tc'), str(l.cost))
+        -- back as a string: an integer reply becomes a Lua double. At
+        -- 2^63 it saturates, as bucket.Decide does (HINCRBY refuses the
+        -- overflow before it changes anything); a damaged count starts
+        -- again rather than fail every decision.
+        local r = redis.pcall('HINCRBY', b.key, field(l.name, 'tc'), str(l.cost))
+        if type(r) == 'table' and r.err then
+          local tc = str(l.cost)
+          if string.find(r.err, 'overflow') then tc = '9223372036854775807' end
+          redis.call('HSET', b.key, field(l.name, 'tc'), tc)
+        end
         l.tc = redis.call('HGET', b.key, field(l.name, 'tc'))
       end
     end

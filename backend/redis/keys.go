@@ -18,11 +18,13 @@ import (
 //	{prefix}:c:s                              the system default
 //	{prefix}:m:<entity>                       an entity's META (parent, cascade)
 //
-// A bucket's hash tag is its top entity: the parent it cascades to when it
-// has one, else its own entity. Redis Cluster puts keys with one tag in
-// one slot, so the script of a cascade, which writes the child's bucket
-// and the parent's, runs on one node; a child's bucket moves (and starts
-// full) when its parent changes.
+// A bucket's hash tag is its top entity: the end of the chain of parents
+// it cascades to (its own entity when it has none). Redis Cluster puts
+// keys with one tag in one slot, so the script of a cascade, which writes
+// the child's bucket and the parent's, runs on one node, and so does a
+// hierarchy of any depth (a user cascading to a team, the team to an
+// org). A bucket moves, and starts full, when its chain of parents
+// changes.
 const reserved = ":{}"
 
 // DefaultPrefix is the prefix of every key when none is configured.
@@ -56,12 +58,12 @@ func (k Keys) base() string {
 
 func seg(s string) string { return keyseg.Encode(s, reserved) }
 
-// Bucket is the key of the bucket of (entity, resource); parent is the
-// entity it cascades to, or "".
-func (k Keys) Bucket(entity, resource, parent string) string {
+// Bucket is the key of the bucket of (entity, resource); top is the end
+// of entity's chain of cascade parents, "" when it has none.
+func (k Keys) Bucket(entity, resource, top string) string {
 	tag := entity
-	if parent != "" {
-		tag = parent
+	if top != "" {
+		tag = top
 	}
 	return k.base() + ":b:{" + seg(tag) + "}:" + seg(entity) + ":" + seg(resource)
 }

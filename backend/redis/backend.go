@@ -1,0 +1,269 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/recordcache"
+)
+
+// Options configure a Backend. Zero values take the defaults named on
+// each field.
+type Options struct {
+	// KeyPrefix is the first segment of every key (DefaultPrefix), so
+	// several deployments can share one Redis.
+	KeyPrefix string
+	// TTLMultiplier scales a default-sourced bucket's time to fill into
+	// its TTL (ADR-119: 7). Zero or less turns TTL management off.
+	TTLMultiplier int64
+	// ConfigCacheTTL is how long config records read from Redis are
+	// reused (60 s); ConfigCacheSize bounds how many buckets' records are
+	// kept (100,000).
+	ConfigCacheTTL  time.Duration
+	ConfigCacheSize int
+	// Now returns the time in epoch milliseconds; nil is the wall clock.
+	// Buckets are refilled by this clock, as on DynamoDB, so replicas
+	// need synchronised clocks (NTP's milliseconds are plenty).
+	Now func() int64
+	// OnBucketWrite, when set, hears every bucket written with the TTL it
+	// was given (0: never expires), so the TTL distribution can be
+	// monitored (ADR-031).
+	OnBucketWrite func(ttl time.Duration)
+}
+
+// Stats are a Backend's running totals, for metrics and benchmarks.
+type Stats struct {
+	// Scripts counts runs of the decision script: Redis round trips on
+	// the decision path.
+	Scripts atomic.Uint64
+	// ScriptErrors counts runs that failed (Redis unreachable, late, or
+	// refusing the write).
+	ScriptErrors atomic.Uint64
+	// CacheHits and CacheMisses count config-record lookups answered
+	// from the cache and those that waited for a read.
+	CacheHits, CacheMisses atomic.Uint64
+}
+
+// Backend keeps token buckets in Redis. It is safe for concurrent use.
+// The client belongs to the caller, who closes it after Close.
+type Backend struct {
+	client  rueidis.Client
+	keys    Keys
+	opts    Options
+	records *records
+	script  *rueidis.Lua
+	stats   *Stats
+}
+
+// New returns a Backend on client. It does not call Redis; see Ping.
+func New(client rueidis.Client, opts Options) (*Backend, error) {
+	keys, err := NewKeys(opts.KeyPrefix)
+	if err != nil {
+		return nil, err
+	}
+	if opts.ConfigCacheTTL <= 0 {
+		opts.ConfigCacheTTL = time.Minute
+	}
+	if opts.ConfigCacheSize <= 0 {
+		opts.ConfigCacheSize = 100_000
+	}
+	if opts.Now == nil {
+		opts.Now = func() int64 { return time.Now().UnixMilli() }
+	}
+	stats := &Stats{}
+	return &Backend{
+		client: client, keys: keys, opts: opts, stats: stats,
+		records: newRecords(client, keys, recordcache.Options{Size: opts.ConfigCacheSize, TTL: opts.ConfigCacheTTL,
+			Now: opts.Now, Hits: &stats.CacheHits, Misses: &stats.CacheMisses}),
+		// EVALSHA, and EVAL once when the server does not know the
+		// script (after a restart or SCRIPT FLUSH).
+		script: rueidis.NewLuaScript(decideLua),
+	}, nil
+}
+
+// Stats returns the backend's running totals.
+func (b *Backend) Stats() *Stats { return b.stats }
+
+// Close ends the config reads in flight. It does not close the client.
+func (b *Backend) Close() error {
+	b.records.close()
+	return nil
+}
+
+// Ping reports whether Redis answers.
+func (b *Backend) Ping(ctx context.Context) error {
+	if err := b.client.Do(ctx, b.client.B().Ping().Build()).Error(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	return nil
+}
+
+// maxChain bounds the chain of cascade parents followed to find a
+// bucket's top entity; a longer chain (or a cycle) ends there.
+const maxChain = 8
+
+// top is the end of the chain of cascade parents that starts at entity
+// (whose records are rs): the hash tag of its bucket and of its
+// children's. Each link's META is read through the record cache.
+func (b *Backend) top(ctx context.Context, entity string, rs *recordcache.Set, resource string) (string, error) {
+	for range maxChain {
+		if rs.Parent == "" || rs.Parent == entity {
+			break
+		}
+		entity = rs.Parent
+		var err error
+		if rs, err = b.records.get(ctx, entity, resource); err != nil {
+			return "", err
+		}
+	}
+	return entity, nil
+}
+
+// far caps a TTL: about 35,000 years in ms, "never" for any bucket, and
+// far from overflowing Redis's expiry clock.
+const far = int64(1) << 50
+
+// Decide implements backend.Backend: the limits are resolved in Go (from
+// the cache, most of the time), then one run of the decision script
+// decides and writes every bucket the request is charged to.
+func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
+	var resBuf [2]backend.Resolved
+	var bsBuf [2]scriptBucket
+	res, bs := resBuf[:0], bsBuf[:0]
+	sets := [2]*recordcache.Set{}
+	var err error
+	if sets[0], err = b.records.get(ctx, req.Entity, req.Resource); err != nil {
+		return backend.Decision{}, err
+	}
+	// The parent comes from the rule's parent template, else from the
+	// entity's META when it asks for cascade.
+	entities := [2]string{req.Entity, req.Parent}
+	if entities[1] == "" {
+		entities[1] = sets[0].Parent
+	}
+	top := ""
+	if entities[1] == req.Entity {
+		entities[1] = ""
+	} else if entities[1] != "" {
+		if sets[1], err = b.records.get(ctx, entities[1], req.Resource); err != nil {
+			return backend.Decision{}, err
+		}
+		if top, err = b.top(ctx, entities[1], sets[1], req.Resource); err != nil {
+			return backend.Decision{}, err
+		}
+	}
+	level := backend.LevelNone
+	for i, entity := range entities {
+		if entity == "" {
+			continue
+		}
+		r, err := backend.Resolve(ctx, sets[i], entity, req.Resource, req.Defaults)
+		if err != nil {
+			return backend.Decision{}, err
+		}
+		if i == 0 {
+			level = r.Level
+		}
+		if len(r.Limits) > 0 {
+			res = append(res, r)
+			bs = append(bs, b.plan(req, r, b.keys.Bucket(entity, req.Resource, top)))
+		}
+	}
+	if len(bs) == 0 {
+		return backend.NotLimited(), nil
+	}
+	now := b.opts.Now()
+	keys, argv := scriptArgs(now, req.Refund, bs)
+	b.stats.Scripts.Add(1)
+	reply, err := b.script.Exec(ctx, b.client, keys, argv).AsStrSlice()
+	if err != nil {
+		b.stats.ScriptErrors.Add(1)
+		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
+	}
+	allowed, states, err := parseReply(bs, reply)
+	if err != nil {
+		return backend.Decision{}, err
+	}
+	var limits []bucket.Limit
+	var all []bucket.State
+	var costs []int64
+	for i := range bs {
+		limits = append(limits, bs[i].limits...)
+		all = append(all, states[i]...)
+		costs = append(costs, bs[i].costs...)
+	}
+	results, err := resultsOf(req, limits, costs, all, allowed, now)
+	if err != nil {
+		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
+	}
+	if b.opts.OnBucketWrite != nil && allowed && (req.Hits > 0 || req.Refund) {
+		for _, r := range res {
+			b.opts.OnBucketWrite(backend.TTLDuration(backend.BucketTTL(r, b.opts.TTLMultiplier)))
+		}
+	}
+	return backend.Decision{Allowed: allowed, Limits: limits, Results: results,
+		Binding: bucket.Binding(limits, results), Level: level}, nil
+}
+
+// plan is what the script needs to charge req to the bucket at key whose
+// limits resolved to r: the cost of each limit (what a refund gives
+// back), and the TTL the bucket gets if written.
+func (b *Backend) plan(req *backend.Request, r backend.Resolved, key string) scriptBucket {
+	costs := make([]int64, len(r.Limits))
+	for i, l := range r.Limits {
+		if req.Refund {
+			costs[i] = bucket.RefundAmount(l, req.Hits)
+		} else {
+			costs[i] = bucket.Cost(l, req.Hits)
+		}
+	}
+	ttl, ok := backend.BucketTTL(r, b.opts.TTLMultiplier)
+	switch {
+	case !ok:
+		ttl = 0 // the script's "never expires"
+	case ttl < 1:
+		ttl = 1
+	case ttl > far:
+		ttl = far
+	}
+	return scriptBucket{key: key, cfg: bucket.Fingerprint(r.Limits), limits: r.Limits, costs: costs, ttlMs: ttl}
+}
+
+// errDisagree is a script whose decision is not the one backend/bucket
+// makes from the states it reports: a bug, never to be answered from.
+var errDisagree = errors.New("the decision script and backend/bucket disagree")
+
+// resultsOf is the Results backend/bucket gives for req on the states the
+// script left. A decision's states before the charge are those after it
+// plus the costs when it was allowed (the same states when denied), so
+// bucket.Decide is run again on them here: the answers are its own, and
+// it must agree with the script on the outcome. A refund's results are
+// its states after.
+func resultsOf(req *backend.Request, limits []bucket.Limit, costs []int64, after []bucket.State, allowed bool, now int64) ([]bucket.Result, error) {
+	results := make([]bucket.Result, len(limits))
+	if req.Refund {
+		for i, l := range limits {
+			s := after[i]
+			results[i] = bucket.Result{Tokens: s.Tokens, Allowed: true, Wait: bucket.Wait(l, s, l.Burst, now)}
+		}
+		return results, nil
+	}
+	before := make([]bucket.State, len(limits))
+	for i := range limits {
+		before[i] = bucket.State{Tokens: after[i].Tokens, Clock: after[i].Clock}
+		if allowed {
+			before[i].Tokens += costs[i]
+		}
+	}
+	if bucket.Decide(limits, before, req.Hits, now, results) != allowed {
+		return nil, errDisagree
+	}
+	return results, nil
+}
