@@ -26,6 +26,7 @@ import (
 	"github.com/sluice-rl/sluice/backend"
 	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/memory"
+	"github.com/sluice-rl/sluice/backend/redis"
 	"github.com/sluice-rl/sluice/certs"
 	"github.com/sluice-rl/sluice/ratelimit"
 	"github.com/sluice-rl/sluice/telemetry"
@@ -44,6 +45,7 @@ type serveOptions struct {
 	overrides                     string
 	table, region, endpoint       string
 	keyPrefix                     string
+	redis                         redis.Conn
 	onBackendError                string
 	ttlMultiplier                 int64
 	configCacheTTL                time.Duration
@@ -117,14 +119,15 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.xdsCert, "xds-tls-cert", "", "client certificate (PEM) for mutual TLS with the xDS server; needs --xds-tls-ca; with it, the three files are reloaded when they change")
 	f.StringVar(&o.xdsKey, "xds-tls-key", "", "the key of --xds-tls-cert (PEM)")
 	f.BoolVar(&o.xdsStartWithoutRules, "xds-start-without-rules", false, "serve at once, limiting nothing until the xDS server's first rules arrive, instead of waiting for them")
-	f.StringVar(&o.backend, "backend", "memory", "where buckets live: memory or dynamodb")
+	f.StringVar(&o.backend, "backend", "memory", "where buckets live: memory, dynamodb or redis")
 	f.StringVar(&o.overrides, "overrides", "", "memory backend: YAML file of entity, resource and system limits")
 	f.StringVar(&o.table, "table", "", "dynamodb backend: the table (create it with sluice table create)")
-	f.StringVar(&o.keyPrefix, "key-prefix", "", "dynamodb backend: prefix of every partition key, to share a table")
+	f.StringVar(&o.keyPrefix, "key-prefix", "", "dynamodb and redis backends: prefix of every key, to share a table or a Redis (redis: sluice when empty)")
 	addDynamoDBFlags(f, &o.region, &o.endpoint)
+	addRedisFlags(f, &o.redis)
 	f.StringVar(&o.onBackendError, "on-backend-error", "error", "answer when the backend fails or is late: error (UNAVAILABLE), allow or deny")
 	f.Int64Var(&o.ttlMultiplier, "ttl-multiplier", backend.DefaultTTLMultiplier, "idle buckets expire after this many times their time to fill; <= 0 never")
-	f.DurationVar(&o.configCacheTTL, "config-cache-ttl", time.Minute, "dynamodb backend: how long limits read from the table are reused; a change reaches the replica within this time")
+	f.DurationVar(&o.configCacheTTL, "config-cache-ttl", time.Minute, "dynamodb and redis backends: how long limits read from the store are reused; a change reaches the replica within this time")
 	f.BoolVar(&o.coalesceWrites, "coalesce-writes", true, "dynamodb backend: decisions for a bucket that arrive while its write is in flight are decided together and written as one")
 	f.DurationVar(&o.denyStaleness, "deny-staleness", time.Second, "dynamodb backend: deny without calling DynamoDB from a bucket state seen at most this long ago; 0 turns it off")
 	f.DurationVar(&o.leaseHorizon, "lease-horizon", ddb.DefaultLeaseHorizon, "dynamodb backend: how long the tokens a replica leases from a bucket should last at its own demand (most decisions then need no DynamoDB call); 0 turns leases off: every allowed decision writes")
@@ -392,8 +395,28 @@ func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry, 
 			opts.MaxDenyStaleness = -1 // the backend's "always ask"
 		}
 		return ddb.New(tel.DynamoDB(client), opts)
+	case "redis":
+		if o.overrides != "" {
+			return nil, usageError{errors.New("--overrides is for the memory backend; the redis backend keeps its limits in Redis (sluice limits set --backend redis)")}
+		}
+		if o.configCacheTTL <= 0 {
+			return nil, usageError{fmt.Errorf("--config-cache-ttl %v: want a positive duration", o.configCacheTTL)}
+		}
+		dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		client, err := dialRedis(dialCtx, o.redis)
+		if err != nil {
+			return nil, err
+		}
+		b, err := redis.New(client, redis.Options{KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier,
+			ConfigCacheTTL: o.configCacheTTL, OnBucketWrite: tel.BucketWritten})
+		if err != nil {
+			client.Close()
+			return nil, usageError{err}
+		}
+		return redisServed{b, client}, nil
 	}
-	return nil, usageError{fmt.Errorf("--backend %q: want memory or dynamodb", o.backend)}
+	return nil, usageError{fmt.Errorf("--backend %q: want memory, dynamodb or redis", o.backend)}
 }
 
 // serveTLS loads the TLS files, if any, and keeps them reloaded until
