@@ -1,9 +1,8 @@
-package dynamodbtest
+package faultproxy
 
 import (
 	"io"
 	"net"
-	"strings"
 	"testing"
 	"time"
 )
@@ -36,14 +35,14 @@ func echo(t *testing.T) string {
 // pieces, so a benchmark through the proxy is charged one round trip per
 // call, as with a real network.
 func TestProxyDelayIsLatency(t *testing.T) {
-	p, err := NewProxy(echo(t))
+	p, err := New(echo(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
 	const delay = 100 * time.Millisecond
 	p.SetDelay(delay)
-	c, err := net.Dial("tcp", strings.TrimPrefix(p.Endpoint(), "http://"))
+	c, err := net.Dial("tcp", p.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
