@@ -23,15 +23,18 @@ type Conn struct {
 	// primary.
 	URL string
 	// Password, when set, replaces the URL's (so it need not sit in a
-	// command line or a manifest).
-	Password string
-	// CAFile, when set, is the PEM bundle the server's certificate is
-	// verified against instead of the system's; CertFile and KeyFile a
-	// client certificate for servers that ask for one. Any of them turns
-	// TLS on.
+	// command line or a manifest). PasswordFile, when set, is read for
+	// the password at every connection instead, so a rotated secret is
+	// used from the next reconnection on; it may hold "user:password".
+	Password, PasswordFile string
+	// CAFile, when set, is a PEM bundle the server's certificate may also
+	// chain to, beside the system's roots; CertFile and KeyFile a client
+	// certificate for servers that ask for one. Any of them turns TLS on.
 	CAFile, CertFile, KeyFile string
-	// SkipVerify skips the verification of the server's certificate.
-	SkipVerify bool
+	// SkipHostnameVerification accepts a server certificate issued for
+	// another name (a cluster's nodes reached by IP), still verifying its
+	// chain. It turns TLS on.
+	SkipHostnameVerification bool
 }
 
 // dialTimeout bounds connecting to one node. Decisions wait no longer
@@ -72,11 +75,23 @@ func (c Conn) options() (rueidis.ClientOption, error) {
 		}
 		return opt, fmt.Errorf("redis URL %s: %w", redactURL(c.URL), err)
 	}
+	if c.Password != "" && c.PasswordFile != "" {
+		return opt, errors.New("redis: a password and a password file are one too many")
+	}
 	if c.Password != "" {
 		opt.Password = c.Password
 		opt.Sentinel.Password = c.Password
 	}
-	if c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" || c.SkipVerify {
+	if c.PasswordFile != "" {
+		if _, err := readPassword(c.PasswordFile, opt.Username); err != nil {
+			return opt, err
+		}
+		user, file := opt.Username, c.PasswordFile
+		opt.AuthCredentialsFn = func(rueidis.AuthCredentialsContext) (rueidis.AuthCredentials, error) {
+			return readPassword(file, user)
+		}
+	}
+	if c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" || c.SkipHostnameVerification {
 		if opt.TLSConfig == nil {
 			host := opt.InitAddress[0]
 			if i := strings.LastIndexByte(host, ':'); i > 0 {
@@ -84,13 +99,15 @@ func (c Conn) options() (rueidis.ClientOption, error) {
 			}
 			opt.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: strings.Trim(host, "[]")}
 		}
-		opt.TLSConfig.InsecureSkipVerify = opt.TLSConfig.InsecureSkipVerify || c.SkipVerify
 		if c.CAFile != "" {
 			pem, err := os.ReadFile(c.CAFile)
 			if err != nil {
 				return opt, fmt.Errorf("redis CA: %w", err)
 			}
-			pool := x509.NewCertPool()
+			pool, err := x509.SystemCertPool()
+			if err != nil {
+				pool = x509.NewCertPool()
+			}
 			if !pool.AppendCertsFromPEM(pem) {
 				return opt, fmt.Errorf("redis CA %s: no certificate in it", c.CAFile)
 			}
@@ -105,6 +122,9 @@ func (c Conn) options() (rueidis.ClientOption, error) {
 				return opt, fmt.Errorf("redis client certificate: %w", err)
 			}
 			opt.TLSConfig.Certificates = []tls.Certificate{cert}
+		}
+		if c.SkipHostnameVerification {
+			verifyChainOnly(opt.TLSConfig)
 		}
 	}
 	if opt.Sentinel.MasterSet != "" {
@@ -126,4 +146,50 @@ func redactURL(u string) string {
 		return "(unparsable URL)"
 	}
 	return p.Redacted()
+}
+
+// readPassword reads a password file: "password", or "user:password"
+// (which replaces user).
+func readPassword(file, user string) (rueidis.AuthCredentials, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return rueidis.AuthCredentials{}, fmt.Errorf("redis password file: %w", err)
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "" {
+		return rueidis.AuthCredentials{}, fmt.Errorf("redis password file %s is empty", file)
+	}
+	if u, p, ok := strings.Cut(v, ":"); ok {
+		return rueidis.AuthCredentials{Username: u, Password: p}, nil
+	}
+	return rueidis.AuthCredentials{Username: user, Password: v}, nil
+}
+
+// verifyChainOnly makes cfg verify the server's chain against its roots
+// (the system's when none) but not the name it was issued for.
+func verifyChainOnly(cfg *tls.Config) {
+	cfg.InsecureSkipVerify = true // the name check only: the chain is verified below
+	roots := cfg.RootCAs
+	cfg.VerifyPeerCertificate = func(raw [][]byte, _ [][]*x509.Certificate) error {
+		if len(raw) == 0 {
+			return errors.New("redis: the server sent no certificate")
+		}
+		certs := make([]*x509.Certificate, len(raw))
+		for i, r := range raw {
+			c, err := x509.ParseCertificate(r)
+			if err != nil {
+				return fmt.Errorf("redis: server certificate: %w", err)
+			}
+			certs[i] = c
+		}
+		inter := x509.NewCertPool()
+		for _, c := range certs[1:] {
+			inter.AddCert(c)
+		}
+		_, err := certs[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter})
+		if err != nil {
+			return fmt.Errorf("redis: server certificate: %w", err)
+		}
+		return nil
+	}
 }

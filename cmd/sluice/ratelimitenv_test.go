@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/sluice-rl/sluice/backend/redis/redistest"
 	"github.com/sluice-rl/sluice/certs/certstest"
 	"github.com/sluice-rl/sluice/descriptors/xds/xdstest"
 )
@@ -105,7 +107,8 @@ func TestRatelimitEnvOfEnvoyGateway(t *testing.T) {
 		"--xds-tls-ca", "/certs/ca.crt", "--xds-tls-cert", "/certs/tls.crt", "--xds-tls-key", "/certs/tls.key",
 		"--xds-start-without-rules",
 		"--tls-cert", "/certs/tls.crt", "--tls-key", "/certs/tls.key", "--tls-client-ca", "/certs/ca.crt",
-		"--metrics-addr", ":19001", "--ratelimit-metrics"}
+		"--metrics-addr", ":19001", "--ratelimit-metrics",
+		"--backend", "redis", "--redis-url", "redis://redis.redis.svc:6379"}
 	if !reflect.DeepEqual(args, want) {
 		t.Errorf("flags\n got %q\nwant %q", args, want)
 	}
@@ -116,7 +119,7 @@ func TestRatelimitEnvOfEnvoyGateway(t *testing.T) {
 	}
 	// What envoyproxy/ratelimit would also ignore here (RUNTIME_* with
 	// xDS, USE_STATSD=false) is not named.
-	wantIgnored := []string{"PROMETHEUS_MAPPER_YAML", "REDIS_SOCKET_TYPE", "REDIS_URL"}
+	wantIgnored := []string{"PROMETHEUS_MAPPER_YAML"}
 	if !reflect.DeepEqual(names, wantIgnored) {
 		t.Errorf("ignored %q, want %q", names, wantIgnored)
 	}
@@ -149,7 +152,8 @@ func freePort(t *testing.T) string {
 
 // The binary started as /bin/ratelimit with Envoy Gateway's environment
 // (paths and addresses moved to the test's own), as the pod runs it
-// (user 65534, a file system it cannot write), answers /healthcheck
+// (user 65534, a file system it cannot write), keeps its buckets in the
+// Redis of REDIS_URL, answers /healthcheck
 // before any rules have come, takes them from the xDS server over mutual
 // TLS, serves gRPC over mutual TLS with them, and the counters Envoy
 // Gateway's dashboards read on PROMETHEUS_ADDR (when it is set: its
@@ -168,7 +172,9 @@ func runEnvoyGatewaysPod(t *testing.T, podEnv [][2]string) {
 	srvCert, srvKey := pod.file(t, "tls.crt", srv.CertPEM), pod.file(t, "tls.key", srv.KeyPEM)
 	xdsCA, xdsCert, xdsKey := pod.copy(t, x.CAFile), pod.copy(t, x.CertFile), pod.copy(t, x.KeyFile)
 	grpcPort, httpPort, promPort := freePort(t), freePort(t), freePort(t)
+	redisSrv := redistest.Require(t)
 	moved := map[string]string{
+		"REDIS_URL":                         redisSrv.Addr(),
 		"PROMETHEUS_ADDR":                   "127.0.0.1:" + promPort,
 		"CONFIG_GRPC_XDS_SERVER_URL":        x.Addr,
 		"CONFIG_GRPC_XDS_NODE_ID":           xdstest.NodeID,
@@ -203,8 +209,15 @@ func runEnvoyGatewaysPod(t *testing.T, podEnv [][2]string) {
 		resp, err := httpGet("http://127.0.0.1:" + httpPort + "/healthcheck")
 		return err == nil && resp == 200
 	})
-	if !strings.Contains(out.String(), "envoyproxy/ratelimit setting ignored") || !strings.Contains(out.String(), "REDIS_URL") {
-		t.Errorf("the ignored settings are not named:\n%s", out.String())
+	_, ignored, err := ratelimitArgs(lookupIn(podEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, note := range ignored {
+		name, _, _ := strings.Cut(note, ":")
+		if !strings.Contains(out.String(), `"envoyproxy/ratelimit setting ignored" setting=`+name+" ") {
+			t.Errorf("%s is ignored but not named:\n%s", name, out.String())
+		}
 	}
 	x.Set(t, "v1", perMinute("gw", 1))
 
@@ -234,6 +247,10 @@ func runEnvoyGatewaysPod(t *testing.T, podEnv [][2]string) {
 	}
 	if resp, err = ask(c, "gw", "client", "c1"); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("second call under 1/minute: %v %v", resp, err)
+	}
+	// The buckets are in the Redis REDIS_URL names.
+	if keys, err := redisSrv.Do(t.Context(), "DBSIZE"); err != nil || keys == "0" {
+		t.Errorf("Redis holds %s keys (%v) after the decisions", keys, err)
 	}
 	pod.checkUser(t, cmd.Process.Pid)
 	defer func() {
@@ -292,17 +309,18 @@ func TestEnvoyGatewayDocNamesEveryVariable(t *testing.T) {
 			continue
 		}
 		read := false
-		// The others a variable may need to matter: xDS, TLS and
-		// Prometheus on.
+		// The others a variable may need to matter: xDS, TLS,
+		// Prometheus and Redis (over TLS) on.
 		var others [][2]string
 		if name != "CONFIG_TYPE" && name != "RUNTIME_ROOT" && name != "RUNTIME_SUBDIRECTORY" {
-			for _, kv := range [][2]string{{"CONFIG_TYPE", "GRPC_XDS_SOTW"}, {"CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"}, {"GRPC_SERVER_USE_TLS", "true"}, {"USE_PROMETHEUS", "true"}} {
+			for _, kv := range [][2]string{{"CONFIG_TYPE", "GRPC_XDS_SOTW"}, {"CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"}, {"GRPC_SERVER_USE_TLS", "true"}, {"USE_PROMETHEUS", "true"},
+				{"REDIS_URL", "redis.example:6379"}, {"REDIS_SOCKET_TYPE", "tcp"}, {"REDIS_TLS", "true"}} {
 				if kv[0] != name {
 					others = append(others, kv)
 				}
 			}
 		}
-		for _, v := range []string{"true", "9999", "x.example:1", "GRPC_XDS_SOTW", "json"} {
+		for _, v := range []string{"true", "9999", "x.example:1", "GRPC_XDS_SOTW", "json", "tcp", "CLUSTER"} {
 			without, _, _ := ratelimitArgs(lookupIn(others))
 			with, _, err := ratelimitArgs(lookupIn(append([][2]string{{name, v}}, others...)))
 			if err == nil && !reflect.DeepEqual(with, without) && !reflect.DeepEqual(with, base) {
@@ -316,5 +334,70 @@ func TestEnvoyGatewayDocNamesEveryVariable(t *testing.T) {
 	}
 	if len(documented) < 30 {
 		t.Errorf("found %d variables in docs/envoy-gateway.md", len(documented))
+	}
+}
+
+// envoyproxy/ratelimit's Redis settings select the redis backend, as its
+// documentation describes them: REDIS_URL as host:port or a socket path
+// (REDIS_SOCKET_TYPE, unix by default), lists of nodes for a Cluster and
+// of Sentinels after the primary's name, REDIS_AUTH as a password or
+// user:password, REDIS_AUTH_FILE, REDIS_TLS with its files. SLUICE_BACKEND
+// still chooses when set.
+func TestRatelimitRedisEnv(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  [][2]string
+		want []string // after --backend redis --redis-url; nil: no redis flags
+		err  string
+	}{
+		{"envoy gateway", [][2]string{{"REDIS_SOCKET_TYPE", "tcp"}, {"REDIS_URL", "redis.svc:6379"}}, []string{"redis://redis.svc:6379"}, ""},
+		{"socket by default", [][2]string{{"REDIS_URL", "/var/run/redis.sock"}}, []string{"unix:///var/run/redis.sock"}, ""},
+		{"a URL as it is", [][2]string{{"REDIS_SOCKET_TYPE", "tcp"}, {"REDIS_URL", "redis://u:p@h:1/2"}, {"REDIS_TLS", "true"}}, []string{"rediss://u:p@h:1/2"}, ""},
+		{"password", [][2]string{{"REDIS_SOCKET_TYPE", "tcp"}, {"REDIS_URL", "h:6379"}, {"REDIS_AUTH", "s3cret"}},
+			[]string{"redis://h:6379", "--redis-password", "s3cret"}, ""},
+		{"user and password", [][2]string{{"REDIS_SOCKET_TYPE", "tcp"}, {"REDIS_URL", "h:6379"}, {"REDIS_AUTH", "app:pa:ss"}},
+			[]string{"redis://app@h:6379", "--redis-password", "pa:ss"}, ""},
+		{"password file", [][2]string{{"REDIS_SOCKET_TYPE", "tcp"}, {"REDIS_URL", "h:6379"}, {"REDIS_AUTH_FILE", "/secrets/redis"}},
+			[]string{"redis://h:6379", "--redis-password-file", "/secrets/redis"}, ""},
+		{"tls", [][2]string{{"REDIS_SOCKET_TYPE", "tcp"}, {"REDIS_URL", "h:6380"}, {"REDIS_TLS", "true"},
+			{"REDIS_TLS_CACERT", "/c/ca.crt"}, {"REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"}, {"REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"},
+			{"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"}},
+			[]string{"rediss://h:6380", "--redis-tls-ca", "/c/ca.crt", "--redis-tls-cert", "/redis-certs/tls.crt",
+				"--redis-tls-key", "/redis-certs/tls.key", "--redis-tls-skip-hostname-verification"}, ""},
+		{"cluster", [][2]string{{"REDIS_TYPE", "cluster"}, {"REDIS_URL", "n1:7000, n2:7001,n3:7002"}},
+			[]string{"redis://n1:7000?addr=n2%3A7001&addr=n3%3A7002"}, ""},
+		{"sentinel", [][2]string{{"REDIS_TYPE", "SENTINEL"}, {"REDIS_URL", "mymaster,s1:26379,s2:26379"}, {"REDIS_TLS", "true"}},
+			[]string{"rediss://s1:26379?addr=s2%3A26379&master_set=mymaster"}, ""},
+		{"sentinel without sentinels", [][2]string{{"REDIS_TYPE", "SENTINEL"}, {"REDIS_URL", "mymaster"}}, nil, "REDIS_TYPE=SENTINEL"},
+		{"unknown type", [][2]string{{"REDIS_TYPE", "RING"}, {"REDIS_URL", "h:1"}}, nil, `REDIS_TYPE="RING"`},
+		{"unknown socket", [][2]string{{"REDIS_SOCKET_TYPE", "udp"}, {"REDIS_URL", "h:1"}}, nil, `REDIS_SOCKET_TYPE="udp"`},
+		{"two passwords", [][2]string{{"REDIS_URL", "h:1"}, {"REDIS_AUTH", "a"}, {"REDIS_AUTH_FILE", "/f"}}, nil, "REDIS_AUTH and REDIS_AUTH_FILE"},
+		{"no URL", [][2]string{{"REDIS_SOCKET_TYPE", "tcp"}}, nil, ""},
+		{"memcache", [][2]string{{"BACKEND_TYPE", "memcache"}, {"REDIS_URL", "h:1"}}, nil, ""},
+		{"SLUICE_BACKEND chooses", [][2]string{{"SLUICE_BACKEND", "dynamodb"}, {"REDIS_URL", "h:1"}}, nil, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args, ignored, err := ratelimitArgs(lookupIn(c.env))
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("error %v, want one naming %s", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := slices.Index(args, "--backend")
+			switch {
+			case c.want == nil && at >= 0:
+				t.Fatalf("flags %q select a backend", args)
+			case c.want == nil:
+			case at < 0 || args[at+1] != "redis" || args[at+2] != "--redis-url" || !reflect.DeepEqual(args[at+3:], c.want):
+				t.Fatalf("flags %q, want --backend redis --redis-url %q", args, c.want)
+			}
+			if c.name == "SLUICE_BACKEND chooses" && (len(ignored) != 1 || !strings.HasPrefix(ignored[0], "REDIS_URL: SLUICE_BACKEND=dynamodb")) {
+				t.Errorf("ignored %q: REDIS_URL is not named", ignored)
+			}
+		})
 	}
 }
