@@ -13,6 +13,7 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -41,6 +42,18 @@ type Options struct {
 	// directives without the dashes: {"maxmemory", "2mb",
 	// "maxmemory-policy", "noeviction"}.
 	Config []string
+	// TLS, when set, serves TLS only, with this certificate, key and CA
+	// bundle (the CA verifies client certificates, which are optional).
+	// The harness's own connections (Ping, Do) trust the server blindly.
+	TLS *TLSFiles
+	// Password, when set, is required of clients (requirepass); the
+	// harness's own connections send it.
+	Password string
+}
+
+// TLSFiles are the PEM files of a TLS server.
+type TLSFiles struct {
+	Cert, Key, CA string
 }
 
 // Server is a running redis-server.
@@ -72,8 +85,16 @@ func Start(ctx context.Context, dir string, o Options) (*Server, error) {
 }
 
 func (s *Server) start(ctx context.Context) error {
-	args := []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir,
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning"}
+	port := []string{"--port", strconv.Itoa(s.port)}
+	if t := s.opts.TLS; t != nil {
+		port = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port), "--tls-cert-file", t.Cert,
+			"--tls-key-file", t.Key, "--tls-ca-cert-file", t.CA, "--tls-auth-clients", "optional"}
+	}
+	if s.opts.Password != "" {
+		port = append(port, "--requirepass", s.opts.Password)
+	}
+	args := append(port, "--bind", "127.0.0.1", "--dir", s.dir,
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning")
 	for i := 0; i+1 < len(s.opts.Config); i += 2 {
 		args = append(args, "--"+s.opts.Config[i], s.opts.Config[i+1])
 	}
@@ -120,8 +141,15 @@ func (s *Server) Ping(ctx context.Context) error {
 // It is for tests setting up or inspecting the server with simple
 // commands (CONFIG SET, DBSIZE, TTL), not a client.
 func (s *Server) Do(ctx context.Context, args ...string) (string, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", s.Addr())
+	var conn net.Conn
+	var err error
+	if s.opts.TLS != nil {
+		d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}} // the harness's own connection
+		conn, err = d.DialContext(ctx, "tcp", s.Addr())
+	} else {
+		var d net.Dialer
+		conn, err = d.DialContext(ctx, "tcp", s.Addr())
+	}
 	if err != nil {
 		return "", err
 	}
@@ -132,14 +160,25 @@ func (s *Server) Do(ctx context.Context, args ...string) (string, error) {
 		conn.SetDeadline(time.Now().Add(5 * time.Second))
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	command := func(args ...string) {
+		fmt.Fprintf(&b, "*%d\r\n", len(args))
+		for _, a := range args {
+			fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+		}
 	}
+	if s.opts.Password != "" {
+		command("AUTH", s.opts.Password)
+	}
+	command(args...)
 	if _, err := conn.Write([]byte(b.String())); err != nil {
 		return "", err
 	}
 	r := bufio.NewReader(conn)
+	if s.opts.Password != "" {
+		if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "+OK") {
+			return "", fmt.Errorf("AUTH: %q %v", line, err)
+		}
+	}
 	line, err := r.ReadString('\n')
 	if err != nil {
 		return "", err
@@ -163,6 +202,16 @@ func (s *Server) Do(ctx context.Context, args ...string) (string, error) {
 		return string(buf[:n]), nil
 	}
 	return line[1:], nil
+}
+
+// SetPassword changes the password clients must give (CONFIG SET
+// requirepass): connections already authenticated stay so until closed.
+func (s *Server) SetPassword(ctx context.Context, password string) error {
+	if _, err := s.Do(ctx, "CONFIG", "SET", "requirepass", password); err != nil {
+		return err
+	}
+	s.opts.Password = password
+	return nil
 }
 
 // Stop kills the server. It is safe to call more than once.
