@@ -96,3 +96,9 @@ func (d *timedDynamoDB) TransactWriteItems(ctx context.Context, in *dynamodb.Tra
 func (d *timedDynamoDB) DescribeTable(ctx context.Context, in *dynamodb.DescribeTableInput, o ...func(*dynamodb.Options)) (*dynamodb.DescribeTableOutput, error) {
 	return timed(ctx, d, "DescribeTable", in, o, d.api.DescribeTable)
 }
+
+// RedisCall times one round trip of the Redis backend as operation op of
+// backend "redis", in a span of its own (redis.Options.Call).
+func (t *Telemetry) RedisCall(ctx context.Context, op string, fn func(context.Context) error) error {
+	return t.call(ctx, "redis", op, fn)
+}

@@ -2,12 +2,14 @@ package telemetry
 
 import (
 	"context"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluice-rl/sluice/admission"
 	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
+	"github.com/sluice-rl/sluice/backend/redis"
 	"github.com/sluice-rl/sluice/certs"
 	"github.com/sluice-rl/sluice/descriptors"
 )
@@ -40,12 +42,6 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		metric.WithDescription("Write capacity units DynamoDB reported consumed."))
 	retries, err3 := m.Int64ObservableCounter("sluice.dynamodb.condition_retries", metric.WithUnit("{write}"),
 		metric.WithDescription("Bucket writes that lost a race to another writer and were recomputed."))
-	hits, err4 := m.Int64ObservableCounter("sluice.config_cache.hits", metric.WithUnit("{lookup}"),
-		metric.WithDescription("Limit lookups answered by the config cache."))
-	misses, err5 := m.Int64ObservableCounter("sluice.config_cache.misses", metric.WithUnit("{lookup}"),
-		metric.WithDescription("Limit lookups that read the table."))
-	size, err6 := m.Int64ObservableGauge("sluice.config_cache.size", metric.WithUnit("{entry}"),
-		metric.WithDescription("Buckets whose limits the config cache holds."))
 	local, err7 := m.Int64ObservableCounter("sluice.dynamodb.local_answers", metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions answered without a DynamoDB call of their own: admissions paid from a lease, and denials and checks answered from the last bucket state this replica saw."))
 	coalesced, err8 := m.Int64ObservableCounter("sluice.dynamodb.coalesced_decisions", metric.WithUnit("{decision}"),
@@ -58,7 +54,7 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		metric.WithDescription("Bucket writes that granted lease tokens or gave them back."))
 	contended, err12 := m.Int64ObservableCounter("sluice.dynamodb.contended_denials", metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions denied because their write lost every race on a bucket near its limit: other replicas took its last tokens first."))
-	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8, err9, err10, err11, err12} {
+	for _, err := range []error{err1, err2, err3, err7, err8, err9, err10, err11, err12} {
 		if err != nil {
 			return err
 		}
@@ -71,9 +67,6 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		o.ObserveFloat64(rcu, float64(s.ReadMilliUnits.Load())/1000)
 		o.ObserveFloat64(wcu, float64(s.WriteMilliUnits.Load())/1000)
 		o.ObserveInt64(retries, int64(s.ConditionRetries.Load()))
-		o.ObserveInt64(hits, int64(s.CacheHits.Load()))
-		o.ObserveInt64(misses, int64(s.CacheMisses.Load()))
-		o.ObserveInt64(size, int64(b.ConfigCacheLen()))
 		o.ObserveInt64(local, int64(s.LocalAnswers.Load()))
 		o.ObserveInt64(coalesced, int64(s.Coalesced.Load()))
 		o.ObserveFloat64(leaseTokens, float64(s.Leased.Load())/1000, leased)
@@ -83,7 +76,42 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		o.ObserveInt64(leaseWrites, int64(s.LeaseWrites.Load()))
 		o.ObserveInt64(contended, int64(s.Contended.Load()))
 		return nil
-	}, rcu, wcu, retries, hits, misses, size, local, coalesced, leaseTokens, outstanding, leaseWrites, contended)
+	}, rcu, wcu, retries, local, coalesced, leaseTokens, outstanding, leaseWrites, contended)
+	if err != nil {
+		return err
+	}
+	return t.observeConfigCache(&s.CacheHits, &s.CacheMisses, b.ConfigCacheLen)
+}
+
+// ObserveRedis reports the Redis backend's running totals when metrics
+// are read: its config cache, as for DynamoDB (the round trips are
+// timed by RedisCall).
+func (t *Telemetry) ObserveRedis(b *redis.Backend) error {
+	s := b.Stats()
+	return t.observeConfigCache(&s.CacheHits, &s.CacheMisses, b.ConfigCacheLen)
+}
+
+// observeConfigCache reports a backend's config cache: lookups answered
+// from it and those that read the store, and how many buckets it holds.
+func (t *Telemetry) observeConfigCache(hitsN, missesN *atomic.Uint64, sizeN func() int) error {
+	m := t.meter
+	hits, err1 := m.Int64ObservableCounter("sluice.config_cache.hits", metric.WithUnit("{lookup}"),
+		metric.WithDescription("Limit lookups answered by the config cache."))
+	misses, err2 := m.Int64ObservableCounter("sluice.config_cache.misses", metric.WithUnit("{lookup}"),
+		metric.WithDescription("Limit lookups that read the table."))
+	size, err3 := m.Int64ObservableGauge("sluice.config_cache.size", metric.WithUnit("{entry}"),
+		metric.WithDescription("Buckets whose limits the config cache holds."))
+	for _, err := range []error{err1, err2, err3} {
+		if err != nil {
+			return err
+		}
+	}
+	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(hits, int64(hitsN.Load()))
+		o.ObserveInt64(misses, int64(missesN.Load()))
+		o.ObserveInt64(size, int64(sizeN()))
+		return nil
+	}, hits, misses, size)
 	return err
 }
 

@@ -59,15 +59,6 @@ func NewAdmin(api AdminAPI, table, keyPrefix string, now func() int64) (*Admin, 
 	return &Admin{api: api, table: table, keys: keys, now: now}, nil
 }
 
-// Config is one stored config record.
-type Config struct {
-	Key    backend.RecordKey
-	Limits []bucket.Limit
-	// TTL is when DynamoDB deletes a sync-written entity config, in epoch
-	// seconds; zero for a config an operator wrote, which never expires.
-	TTL int64
-}
-
 // configItemKey is the primary key of the record k and the attributes
 // that name it (entity and resource, kept in the clear because keys may
 // be hashed).
@@ -127,32 +118,32 @@ func configItem(keys Keys, k backend.RecordKey, limits []bucket.Limit, syncWindo
 // PutConfig writes the record k with limits, replacing what was there. A
 // syncWindow > 0 writes a sync-written entity config (ADR-128); zero an
 // operator config without ttl.
-func (a *Admin) PutConfig(ctx context.Context, k backend.RecordKey, limits []bucket.Limit, syncWindow time.Duration) (Config, error) {
+func (a *Admin) PutConfig(ctx context.Context, k backend.RecordKey, limits []bucket.Limit, syncWindow time.Duration) (backend.Config, error) {
 	av, ttl, err := configItem(a.keys, k, limits, syncWindow, a.now())
 	if err != nil {
-		return Config{}, err
+		return backend.Config{}, err
 	}
 	if _, err := a.api.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(a.table), Item: av}); err != nil {
-		return Config{}, fmt.Errorf("writing %s: %w", k, err)
+		return backend.Config{}, fmt.Errorf("writing %s: %w", k, err)
 	}
-	return Config{Key: k, Limits: limits, TTL: ttl}, nil
+	return backend.Config{Key: k, Limits: limits, TTL: ttl}, nil
 }
 
 // GetConfig reads the record k. A sync-written config whose ttl has passed
 // is absent, as it is for decisions.
-func (a *Admin) GetConfig(ctx context.Context, k backend.RecordKey) (Config, bool, error) {
+func (a *Admin) GetConfig(ctx context.Context, k backend.RecordKey) (backend.Config, bool, error) {
 	if err := k.Valid(); err != nil {
-		return Config{}, false, err
+		return backend.Config{}, false, err
 	}
 	out, err := a.api.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName: aws.String(a.table), Key: primaryKey(configItemKey(a.keys, k)), ConsistentRead: aws.Bool(true),
 	})
 	if err != nil {
-		return Config{}, false, fmt.Errorf("reading %s: %w", k, err)
+		return backend.Config{}, false, fmt.Errorf("reading %s: %w", k, err)
 	}
 	c, ok, err := a.decodeConfig(out.Item)
 	if err != nil {
-		return Config{}, false, fmt.Errorf("%s: %w", k, err)
+		return backend.Config{}, false, fmt.Errorf("%s: %w", k, err)
 	}
 	c.Key = k
 	return c, ok, nil
@@ -162,8 +153,8 @@ func (a *Admin) GetConfig(ctx context.Context, k backend.RecordKey) (Config, boo
 // limit), asking again for what DynamoDB leaves unprocessed, within ctx
 // and maxBatchAttempts calls a batch. The answer holds the records that
 // exist; a sync-written one past its ttl does not.
-func (a *Admin) GetConfigs(ctx context.Context, keys []backend.RecordKey) (map[backend.RecordKey]Config, error) {
-	out := make(map[backend.RecordKey]Config, len(keys))
+func (a *Admin) GetConfigs(ctx context.Context, keys []backend.RecordKey) (map[backend.RecordKey]backend.Config, error) {
+	out := make(map[backend.RecordKey]backend.Config, len(keys))
 	byItem := map[[2]string]backend.RecordKey{}
 	var pending []map[string]types.AttributeValue
 	for _, k := range keys {
@@ -216,12 +207,12 @@ func (a *Admin) DeleteConfig(ctx context.Context, k backend.RecordKey) (bool, er
 
 // decodeConfig reads a config item; its Key comes from the entity and
 // resource attributes.
-func (a *Admin) decodeConfig(av map[string]types.AttributeValue) (Config, bool, error) {
+func (a *Admin) decodeConfig(av map[string]types.AttributeValue) (backend.Config, bool, error) {
 	rec, ok, err := decodeRecord(av, a.now())
 	if err != nil || !ok {
-		return Config{}, false, err
+		return backend.Config{}, false, err
 	}
-	c := Config{Key: backend.RecordKey{Entity: attrS(av, attrEntity), Resource: attrS(av, attrResource)}, Limits: rec.Limits}
+	c := backend.Config{Key: backend.RecordKey{Entity: attrS(av, attrEntity), Resource: attrS(av, attrResource)}, Limits: rec.Limits}
 	if n, ok := av[attrTTL].(*types.AttributeValueMemberN); ok {
 		c.TTL, _ = strconv.ParseInt(n.Value, 10, 64) // decodeRecord checked it
 	}
@@ -236,8 +227,8 @@ func attrS(av map[string]types.AttributeValue, name string) string {
 }
 
 // EntityConfigs lists the configs of entity, every resource.
-func (a *Admin) EntityConfigs(ctx context.Context, entity string) ([]Config, error) {
-	var out []Config
+func (a *Admin) EntityConfigs(ctx context.Context, entity string) ([]backend.Config, error) {
+	var out []backend.Config
 	err := a.query(ctx, &dynamodb.QueryInput{
 		KeyConditionExpression:    aws.String("#pk = :pk AND begins_with(#sk, :sk)"),
 		ExpressionAttributeNames:  map[string]string{"#pk": attrPK, "#sk": attrSK},
@@ -259,7 +250,7 @@ func (a *Admin) EntityConfigs(ctx context.Context, entity string) ([]Config, err
 // AllConfigs calls fn for every config record in the table under the
 // Admin's prefix. It scans the whole table, buckets included, so its cost
 // grows with the table: meant for audits, not for a hot path.
-func (a *Admin) AllConfigs(ctx context.Context, fn func(Config) error) error {
+func (a *Admin) AllConfigs(ctx context.Context, fn func(backend.Config) error) error {
 	err := a.scanSK(ctx, resourceConfig, func(av map[string]types.AttributeValue) error {
 		c, ok, err := a.decodeConfig(av)
 		if err != nil {

@@ -11,19 +11,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluice-rl/sluice/backend"
-	"github.com/sluice-rl/sluice/backend/bucket"
 )
 
-// Entity is an entity's META item: its parent, and whether its requests
-// are charged to the parent too (cascade).
-type Entity struct {
-	Name    string
-	Parent  string
-	Cascade bool
-}
-
 // metaItem is the META item of e.
-func metaItem(keys Keys, e Entity) map[string]types.AttributeValue {
+func metaItem(keys Keys, e backend.Entity) map[string]types.AttributeValue {
 	av := map[string]types.AttributeValue{
 		attrPK: str(keys.EntityPK(e.Name)), attrSK: str(MetaSK()), attrEntity: str(e.Name),
 		attrCascade: &types.AttributeValueMemberBOOL{Value: e.Cascade},
@@ -36,13 +27,13 @@ func metaItem(keys Keys, e Entity) map[string]types.AttributeValue {
 	return av
 }
 
-func decodeEntity(av map[string]types.AttributeValue) Entity {
+func decodeEntity(av map[string]types.AttributeValue) backend.Entity {
 	c, _ := av[attrCascade].(*types.AttributeValueMemberBOOL)
-	return Entity{Name: attrS(av, attrEntity), Parent: attrS(av, attrParent), Cascade: c != nil && c.Value}
+	return backend.Entity{Name: attrS(av, attrEntity), Parent: attrS(av, attrParent), Cascade: c != nil && c.Value}
 }
 
 // PutEntity writes e's META item, replacing what was there.
-func (a *Admin) PutEntity(ctx context.Context, e Entity) error {
+func (a *Admin) PutEntity(ctx context.Context, e backend.Entity) error {
 	if e.Name == "" {
 		return errors.New("an entity needs a name")
 	}
@@ -59,16 +50,16 @@ func (a *Admin) PutEntity(ctx context.Context, e Entity) error {
 }
 
 // GetEntity reads name's META item.
-func (a *Admin) GetEntity(ctx context.Context, name string) (Entity, bool, error) {
+func (a *Admin) GetEntity(ctx context.Context, name string) (backend.Entity, bool, error) {
 	out, err := a.api.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName: aws.String(a.table), ConsistentRead: aws.Bool(true),
 		Key: map[string]types.AttributeValue{attrPK: str(a.keys.EntityPK(name)), attrSK: str(MetaSK())},
 	})
 	if err != nil {
-		return Entity{}, false, fmt.Errorf("reading META of %q: %w", name, err)
+		return backend.Entity{}, false, fmt.Errorf("reading META of %q: %w", name, err)
 	}
 	if len(out.Item) == 0 {
-		return Entity{}, false, nil
+		return backend.Entity{}, false, nil
 	}
 	return decodeEntity(out.Item), true, nil
 }
@@ -76,7 +67,7 @@ func (a *Admin) GetEntity(ctx context.Context, name string) (Entity, bool, error
 // Children calls fn for every entity whose META names parent, through
 // GSI1, page by page. The index is eventually consistent: a META written
 // a moment ago may be missing.
-func (a *Admin) Children(ctx context.Context, parent string, fn func(Entity) error) error {
+func (a *Admin) Children(ctx context.Context, parent string, fn func(backend.Entity) error) error {
 	err := a.query(ctx, &dynamodb.QueryInput{
 		IndexName:                 aws.String(indexGSI1),
 		KeyConditionExpression:    aws.String("#pk = :pk"),
@@ -148,59 +139,37 @@ func (a *Admin) deleteBatch(ctx context.Context, keys []map[string]types.Attribu
 	return nil
 }
 
-// Bucket is a bucket item as stored: the state of each limit at its own
-// refill clock. Tokens now need bucket.Refill at the current time.
-type Bucket struct {
-	Entity, Resource string
-	// Cfg is the fingerprint of the limits the bucket was last written
-	// with; it differs from bucket.Fingerprint of the resolved limits
-	// until the bucket's next write brings it in line.
-	Cfg    string
-	TTL    int64 // epoch seconds; 0: never expires
-	Limits []bucket.Limit
-	States []bucket.State
-	// Expired is set by AllBuckets for an item past its ttl that DynamoDB
-	// has not deleted yet; decisions treat it as absent.
-	Expired bool
-}
-
 // GetBucket reads the bucket of entity for resource. An item whose ttl has
 // passed is absent, as it is for decisions.
-func (a *Admin) GetBucket(ctx context.Context, entity, resource string) (Bucket, bool, error) {
+func (a *Admin) GetBucket(ctx context.Context, entity, resource string) (backend.Bucket, bool, error) {
 	out, err := a.api.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName: aws.String(a.table), ConsistentRead: aws.Bool(true),
 		Key: map[string]types.AttributeValue{attrPK: str(a.keys.EntityPK(entity)), attrSK: str(a.keys.BucketSK(resource))},
 	})
 	if err != nil {
-		return Bucket{}, false, fmt.Errorf("reading bucket %q/%q: %w", entity, resource, err)
+		return backend.Bucket{}, false, fmt.Errorf("reading bucket %q/%q: %w", entity, resource, err)
 	}
 	it, err := decodeBucket(out.Item)
 	if err != nil {
-		return Bucket{}, false, fmt.Errorf("bucket %q/%q: %w", entity, resource, err)
+		return backend.Bucket{}, false, fmt.Errorf("bucket %q/%q: %w", entity, resource, err)
 	}
 	if it == nil || it.expired(a.now()) {
-		return Bucket{}, false, nil
+		return backend.Bucket{}, false, nil
 	}
-	return Bucket{Entity: entity, Resource: resource, Cfg: it.cfg, TTL: it.ttl, Limits: it.limits, States: it.states}, true, nil
-}
-
-// BucketRef is a bucket as GSI2 lists it: who holds it and the
-// fingerprint of its limits, without its state.
-type BucketRef struct {
-	Entity, Resource, Cfg string
+	return backend.Bucket{Entity: entity, Resource: resource, Cfg: it.cfg, TTL: it.ttl, Limits: it.limits, States: it.states}, true, nil
 }
 
 // Buckets calls fn for every bucket of resource, through GSI2, page by
 // page. The index is eventually consistent and may still list a bucket
 // whose ttl has passed, until DynamoDB deletes it.
-func (a *Admin) Buckets(ctx context.Context, resource string, fn func(BucketRef) error) error {
+func (a *Admin) Buckets(ctx context.Context, resource string, fn func(backend.BucketRef) error) error {
 	err := a.query(ctx, &dynamodb.QueryInput{
 		IndexName:                 aws.String(indexGSI2),
 		KeyConditionExpression:    aws.String("#pk = :pk"),
 		ExpressionAttributeNames:  map[string]string{"#pk": attrGSI2PK},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": str(a.keys.GSI2PK(resource))},
 	}, func(av map[string]types.AttributeValue) error {
-		return fn(BucketRef{Entity: attrS(av, attrEntity), Resource: attrS(av, attrResource), Cfg: attrS(av, attrCfg)})
+		return fn(backend.BucketRef{Entity: attrS(av, attrEntity), Resource: attrS(av, attrResource), Cfg: attrS(av, attrCfg)})
 	})
 	if err != nil {
 		return fmt.Errorf("buckets of resource %q: %w", resource, err)
@@ -252,11 +221,8 @@ func (a *Admin) Applied(ctx context.Context) ([]backend.RecordKey, int64, error)
 	return refs, version, nil
 }
 
-// ErrAppliedChanged is returned by SetApplied when another apply wrote the
-// applied set since it was read.
-var ErrAppliedChanged = errors.New("another apply changed the table meanwhile")
-
-// SetApplied replaces the applied set, if its version is still version.
+// SetApplied replaces the applied set, if its version is still version;
+// otherwise it returns backend.ErrAppliedChanged.
 func (a *Admin) SetApplied(ctx context.Context, refs []backend.RecordKey, version int64) error {
 	list := make([]types.AttributeValue, len(refs))
 	size := 0
@@ -289,7 +255,7 @@ func (a *Admin) SetApplied(ctx context.Context, refs []backend.RecordKey, versio
 	_, err := a.api.PutItem(ctx, in)
 	var failed *types.ConditionalCheckFailedException
 	if errors.As(err, &failed) {
-		return ErrAppliedChanged
+		return backend.ErrAppliedChanged
 	}
 	if err != nil {
 		return fmt.Errorf("writing the applied set: %w", err)

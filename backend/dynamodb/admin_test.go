@@ -174,19 +174,19 @@ func TestAdminEntities(t *testing.T) {
 	ctx := t.Context()
 
 	for i := range 5 {
-		if err := a.PutEntity(ctx, Entity{Name: fmt.Sprintf("key-%d", i), Parent: "org#1", Cascade: i%2 == 0}); err != nil {
+		if err := a.PutEntity(ctx, backend.Entity{Name: fmt.Sprintf("key-%d", i), Parent: "org#1", Cascade: i%2 == 0}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := a.PutEntity(ctx, Entity{Name: "other", Parent: "org#2"}); err != nil {
+	if err := a.PutEntity(ctx, backend.Entity{Name: "other", Parent: "org#2"}); err != nil {
 		t.Fatal(err)
 	}
 	got, ok, err := a.GetEntity(ctx, "key-2")
-	if err != nil || !ok || got != (Entity{Name: "key-2", Parent: "org#1", Cascade: true}) {
+	if err != nil || !ok || got != (backend.Entity{Name: "key-2", Parent: "org#1", Cascade: true}) {
 		t.Errorf("GetEntity = %+v, %v, %v", got, ok, err)
 	}
 	var children []string
-	if err := a.Children(ctx, "org#1", func(c Entity) error {
+	if err := a.Children(ctx, "org#1", func(c backend.Entity) error {
 		children = append(children, c.Name)
 		return nil
 	}); err != nil {
@@ -196,7 +196,7 @@ func TestAdminEntities(t *testing.T) {
 	if want := []string{"key-0", "key-1", "key-2", "key-3", "key-4"}; !slices.Equal(children, want) {
 		t.Errorf("children %v, want %v", children, want)
 	}
-	for _, bad := range []Entity{{Name: ""}, {Name: "a", Parent: "a"}, {Name: "a", Cascade: true}} {
+	for _, bad := range []backend.Entity{{Name: ""}, {Name: "a", Parent: "a"}, {Name: "a", Cascade: true}} {
 		if err := a.PutEntity(ctx, bad); err == nil {
 			t.Errorf("PutEntity(%+v) succeeded", bad)
 		}
@@ -286,7 +286,7 @@ func TestAdminBuckets(t *testing.T) {
 	}
 
 	var listed []string
-	if err := a.Buckets(ctx, "edge", func(r BucketRef) error {
+	if err := a.Buckets(ctx, "edge", func(r backend.BucketRef) error {
 		if r.Resource != "edge" || r.Cfg != bucket.Fingerprint([]bucket.Limit{rpm}) {
 			t.Errorf("listed %+v", r)
 		}
@@ -301,7 +301,7 @@ func TestAdminBuckets(t *testing.T) {
 	}
 	stop := errors.New("stop")
 	calls := 0
-	if err := a.Buckets(ctx, "edge", func(BucketRef) error { calls++; return stop }); !errors.Is(err, stop) || calls != 1 {
+	if err := a.Buckets(ctx, "edge", func(backend.BucketRef) error { calls++; return stop }); !errors.Is(err, stop) || calls != 1 {
 		t.Errorf("a callback's error: %v after %d calls; want it returned at once", err, calls)
 	}
 
@@ -338,7 +338,7 @@ func TestAdminAllConfigsAndPrefixes(t *testing.T) {
 		{blue, []string{"entity \"e\" resource \"r\"", "entity \"e#2\" resource \"_default_\"", "resource \"r\"", "system"}},
 	} {
 		var got []string
-		if err := c.a.AllConfigs(ctx, func(cf Config) error {
+		if err := c.a.AllConfigs(ctx, func(cf backend.Config) error {
 			got = append(got, cf.Key.String())
 			return nil
 		}); err != nil {
@@ -365,8 +365,8 @@ func TestAdminAppliedSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A second apply that read version 0 too loses.
-	if err := a.SetApplied(ctx, nil, 0); !errors.Is(err, ErrAppliedChanged) {
-		t.Fatalf("racing apply: %v, want ErrAppliedChanged", err)
+	if err := a.SetApplied(ctx, nil, 0); !errors.Is(err, backend.ErrAppliedChanged) {
+		t.Fatalf("racing apply: %v, want backend.ErrAppliedChanged", err)
 	}
 	refs, v, err = a.Applied(ctx)
 	if err != nil || v != 1 || !slices.Equal(refs, want) {
@@ -375,7 +375,7 @@ func TestAdminAppliedSet(t *testing.T) {
 	if err := a.SetApplied(ctx, want[:1], 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.SetApplied(ctx, want, 1); !errors.Is(err, ErrAppliedChanged) {
+	if err := a.SetApplied(ctx, want, 1); !errors.Is(err, backend.ErrAppliedChanged) {
 		t.Fatalf("stale version: %v", err)
 	}
 	// The applied set is no config: decisions and listings ignore it.

@@ -5,7 +5,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -14,40 +13,6 @@ import (
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
 )
-
-func TestBucketViolations(t *testing.T) {
-	const now = 1_700_000_000_000
-	good := func() Bucket {
-		return Bucket{Entity: "e", Resource: "r", Cfg: "f",
-			Limits: []bucket.Limit{{Name: "a", Amount: 1000, Period: 1000, Burst: 5000}},
-			States: []bucket.State{{Tokens: 5000, Clock: now, Consumed: 7000}}}
-	}
-	for _, c := range []struct {
-		name   string
-		break_ func(*Bucket)
-		want   string // "" = no violation
-	}{
-		{"as written", func(*Bucket) {}, ""},
-		{"empty", func(b *Bucket) { b.States[0].Tokens = 0 }, ""},
-		{"clock within the skew", func(b *Bucket) { b.States[0].Clock = now + 900 }, ""},
-		{"over the burst", func(b *Bucket) { b.States[0].Tokens = 5001 }, "outside [0, burst 5000]"},
-		{"negative tokens", func(b *Bucket) { b.States[0].Tokens = -1 }, "outside [0, burst"},
-		{"clock in the future", func(b *Bucket) { b.States[0].Clock = now + 1001 }, "in the future"},
-		{"no clock", func(b *Bucket) { b.States[0].Clock = 0 }, "refill clock 0"},
-		{"negative consumed", func(b *Bucket) { b.States[0].Consumed = -1 }, "consumed total"},
-		{"zero period", func(b *Bucket) { b.Limits[0].Period = 0 }, "rate 1000 per 0 ms"},
-		{"no fingerprint", func(b *Bucket) { b.Cfg = "" }, "no cfg"},
-		{"no limits", func(b *Bucket) { b.Limits, b.States = nil, nil }, "no limits"},
-		{"no entity", func(b *Bucket) { b.Entity = "" }, "entity or resource"},
-	} {
-		b := good()
-		c.break_(&b)
-		got := strings.Join(b.Violations(now, time.Second), "; ")
-		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
-			t.Errorf("%s: violations %q, want %q", c.name, got, c.want)
-		}
-	}
-}
 
 // After concurrent traffic from two replicas (takes, refunds and checks),
 // a scan finds every bucket, each keeps every invariant, and the consumed
@@ -94,8 +59,8 @@ func TestAllBucketsAuditsTheTable(t *testing.T) {
 	mustDecide(t, other, backend.Request{Entity: "a", Resource: "api", Defaults: defaults, Hits: 1})
 
 	a := e.admin(t, "p")
-	seen := map[string]Bucket{}
-	if err := a.AllBuckets(t.Context(), func(b Bucket) error {
+	seen := map[string]backend.Bucket{}
+	if err := a.AllBuckets(t.Context(), func(b backend.Bucket) error {
 		seen[b.Entity] = b
 		if v := b.Violations(e.clock.now(), 0); len(v) > 0 {
 			t.Errorf("violations after traffic: %v", v)
@@ -126,7 +91,7 @@ func TestAllBucketsAuditsTheTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	var found []string
-	if err := a.AllBuckets(t.Context(), func(b Bucket) error {
+	if err := a.AllBuckets(t.Context(), func(b backend.Bucket) error {
 		found = append(found, b.Violations(e.clock.now(), 0)...)
 		return nil
 	}); err != nil {

@@ -616,10 +616,10 @@ func TestCascadeFromMeta(t *testing.T) {
 	if _, err := a.PutConfig(ctx, backend.RecordKey{Entity: "org", Resource: backend.DefaultResource}, []bucket.Limit{lim(t, "org", "2/hour", 0)}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.PutEntity(ctx, Entity{Name: "k1", Parent: "org", Cascade: true}); err != nil {
+	if err := a.PutEntity(ctx, backend.Entity{Name: "k1", Parent: "org", Cascade: true}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.PutEntity(ctx, Entity{Name: "k2", Parent: "org"}); err != nil {
+	if err := a.PutEntity(ctx, backend.Entity{Name: "k2", Parent: "org"}); err != nil {
 		t.Fatal(err)
 	}
 	defaults := []bucket.Limit{lim(t, "key", "10/hour", 0)}

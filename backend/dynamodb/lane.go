@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
@@ -217,31 +216,14 @@ func answer(batch []*call) {
 // it (a panic, or every attempt failing before it was reached).
 var errAbandoned = errors.New("the decision sharing this one's write did not finish")
 
-// batchContext is the context a batch's DynamoDB calls run under: the
-// first call's values (its trace), cancelled only once every call of the
-// batch has given up, so that a leader with a short deadline does not
-// fail followers that can wait longer.
+// batchContext is the context a batch's DynamoDB calls run under
+// (backend.BatchContext over its calls').
 func batchContext(batch []*call) (context.Context, context.CancelFunc) {
-	if len(batch) == 1 {
-		return batch[0].ctx, func() {}
-	}
-	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
-	var live atomic.Int64
-	live.Store(int64(len(batch)))
-	stops := make([]func() bool, len(batch))
+	ctxs := make([]context.Context, len(batch))
 	for i, c := range batch {
-		stops[i] = context.AfterFunc(c.ctx, func() {
-			if live.Add(-1) == 0 {
-				cancel()
-			}
-		})
+		ctxs[i] = c.ctx
 	}
-	return ctx, func() {
-		for _, stop := range stops {
-			stop()
-		}
-		cancel()
-	}
+	return backend.BatchContext(ctxs)
 }
 
 func less(a, b bucketKey) bool {

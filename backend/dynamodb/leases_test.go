@@ -376,7 +376,7 @@ func leaseSimulation(t *testing.T, refunds bool, seed uint64) {
 	elapsed := e.clock.now() - start
 
 	found := 0
-	if err := e.admin(t, "").AllBuckets(t.Context(), func(bk Bucket) error {
+	if err := e.admin(t, "").AllBuckets(t.Context(), func(bk backend.Bucket) error {
 		found++
 		if v := bk.Violations(e.clock.now(), 0); len(v) > 0 {
 			t.Errorf("violations: %v", v)
@@ -478,7 +478,7 @@ func TestLeaseWritesThatAlwaysLose(t *testing.T) {
 func (e *env) audit(t *testing.T) []string {
 	t.Helper()
 	var out []string
-	if err := e.admin(t, "").AllBuckets(t.Context(), func(bk Bucket) error {
+	if err := e.admin(t, "").AllBuckets(t.Context(), func(bk backend.Bucket) error {
 		out = append(out, bk.Violations(e.clock.now(), 0)...)
 		return nil
 	}); err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -36,6 +38,24 @@ type Options struct {
 	// was given (0: never expires), so the TTL distribution can be
 	// monitored (ADR-031).
 	OnBucketWrite func(ttl time.Duration)
+	// MaxBatch bounds how many of this replica's decisions on one bucket
+	// are decided together in one run of the script (128). While a run
+	// for a bucket is in flight, later decisions for it wait and then go
+	// together. 1 turns sharing off: each decision runs on its own.
+	MaxBatch int
+	// Call, when set, runs each Redis round trip (op "EVALSHA" for a
+	// decision's script, "HGETALL" for a batch of config reads), so that
+	// they can be timed and traced; it must call fn with a context
+	// derived from ctx and return its error.
+	Call func(ctx context.Context, op string, fn func(context.Context) error) error
+}
+
+// round runs one Redis round trip through Options.Call.
+func (o *Options) round(ctx context.Context, op string, fn func(context.Context) error) error {
+	if o.Call == nil {
+		return fn(ctx)
+	}
+	return o.Call(ctx, op, fn)
 }
 
 // Stats are a Backend's running totals, for metrics and benchmarks.
@@ -46,6 +66,9 @@ type Stats struct {
 	// ScriptErrors counts runs that failed (Redis unreachable, late, or
 	// refusing the write).
 	ScriptErrors atomic.Uint64
+	// Coalesced counts decisions that went in another's run of the
+	// script: the round trips that coalescing saved.
+	Coalesced atomic.Uint64
 	// CacheHits and CacheMisses count config-record lookups answered
 	// from the cache and those that waited for a read.
 	CacheHits, CacheMisses atomic.Uint64
@@ -60,6 +83,8 @@ type Backend struct {
 	records *records
 	script  *rueidis.Lua
 	stats   *Stats
+	// batches is nil when sharing is off (MaxBatch 1).
+	batches *batcher
 }
 
 // New returns a Backend on client. It does not call Redis; see Ping.
@@ -77,10 +102,18 @@ func New(client rueidis.Client, opts Options) (*Backend, error) {
 	if opts.Now == nil {
 		opts.Now = func() int64 { return time.Now().UnixMilli() }
 	}
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = 128
+	}
 	stats := &Stats{}
+	var batches *batcher
+	if opts.MaxBatch > 1 {
+		batches = newBatcher(opts.MaxBatch)
+	}
 	return &Backend{
-		client: client, keys: keys, opts: opts, stats: stats,
-		records: newRecords(client, keys, recordcache.Options{Size: opts.ConfigCacheSize, TTL: opts.ConfigCacheTTL,
+		batches: batches,
+		client:  client, keys: keys, opts: opts, stats: stats,
+		records: newRecords(client, keys, opts.round, recordcache.Options{Size: opts.ConfigCacheSize, TTL: opts.ConfigCacheTTL,
 			Now: opts.Now, Hits: &stats.CacheHits, Misses: &stats.CacheMisses}),
 		// EVALSHA, and EVAL once when the server does not know the
 		// script (after a restart or SCRIPT FLUSH).
@@ -90,6 +123,9 @@ func New(client rueidis.Client, opts Options) (*Backend, error) {
 
 // Stats returns the backend's running totals.
 func (b *Backend) Stats() *Stats { return b.stats }
+
+// ConfigCacheLen is how many buckets' config records the cache holds.
+func (b *Backend) ConfigCacheLen() int { return b.records.cache.Len() }
 
 // Close ends the config reads in flight. It does not close the client.
 func (b *Backend) Close() error {
@@ -173,57 +209,138 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		}
 		if len(r.Limits) > 0 {
 			res = append(res, r)
-			bs = append(bs, b.plan(req, r, b.keys.Bucket(entity, req.Resource, top)))
+			bs = append(bs, b.plan(r, b.keys.Bucket(entity, req.Resource, top)))
 		}
 	}
 	if len(bs) == 0 {
 		return backend.NotLimited(), nil
 	}
-	now := b.opts.Now()
-	keys, argv := scriptArgs(now, req.Refund, bs)
-	b.stats.Scripts.Add(1)
-	reply, err := b.script.Exec(ctx, b.client, keys, argv).AsStrSlice()
-	if err != nil {
-		b.stats.ScriptErrors.Add(1)
-		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
-	}
-	allowed, states, err := parseReply(bs, reply)
-	if err != nil {
-		return backend.Decision{}, err
-	}
 	var limits []bucket.Limit
-	var all []bucket.State
-	var costs []int64
 	for i := range bs {
 		limits = append(limits, bs[i].limits...)
-		all = append(all, states[i]...)
-		costs = append(costs, bs[i].costs...)
 	}
-	results, err := resultsOf(req, limits, costs, all, allowed, now)
+	p := &pending{ctx: ctx, call: scriptCall{refund: req.Refund, costs: costs(req, limits)}, wake: make(chan struct{}, 1)}
+	if err := b.run(ctx, bs, p); err != nil {
+		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
+	}
+	results, err := resultsOf(req, limits, p.call.costs, p.after, p.allowed, p.now)
 	if err != nil {
 		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
 	}
-	if b.opts.OnBucketWrite != nil && allowed && (req.Hits > 0 || req.Refund) {
+	if b.opts.OnBucketWrite != nil && p.allowed && (req.Hits > 0 || req.Refund) {
 		for _, r := range res {
 			b.opts.OnBucketWrite(backend.TTLDuration(backend.BucketTTL(r, b.opts.TTLMultiplier)))
 		}
 	}
-	return backend.Decision{Allowed: allowed, Limits: limits, Results: results,
+	return backend.Decision{Allowed: p.allowed, Limits: limits, Results: results,
 		Binding: bucket.Binding(limits, results), Level: level}, nil
 }
 
-// plan is what the script needs to charge req to the bucket at key whose
-// limits resolved to r: the cost of each limit (what a refund gives
-// back), and the TTL the bucket gets if written.
-func (b *Backend) plan(req *backend.Request, r backend.Resolved, key string) scriptBucket {
-	costs := make([]int64, len(r.Limits))
-	for i, l := range r.Limits {
-		if req.Refund {
-			costs[i] = bucket.RefundAmount(l, req.Hits)
-		} else {
-			costs[i] = bucket.Cost(l, req.Hits)
+// run decides p on the buckets bs and fills in its answer: in a batch of
+// its own, or with the other calls of this replica for the same buckets
+// and limits that arrive while one is in flight (Options.MaxBatch). It
+// returns by ctx's deadline at the latest; a batch it leads goes on for
+// its followers.
+func (b *Backend) run(ctx context.Context, bs []scriptBucket, p *pending) error {
+	if b.batches == nil {
+		b.script1(bs, []*pending{p})
+		return p.err
+	}
+	group := groupOf(bs)
+	batch, err := b.batches.enter(ctx, group, p)
+	switch {
+	case err != nil:
+		return err
+	case batch == nil: // a follower, answered
+		return p.err
+	case len(batch) == 1:
+		defer b.batches.leave(group)
+		b.script1(bs, batch)
+		return p.err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer b.batches.leave(group)
+		b.script1(bs, batch)
+	}()
+	select {
+	case <-done:
+		return p.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// script1 runs the script once for batch (of calls on the buckets bs)
+// and answers every call of it, waking the followers.
+func (b *Backend) script1(bs []scriptBucket, batch []*pending) {
+	ctxs := make([]context.Context, len(batch))
+	calls := make([]scriptCall, len(batch))
+	for i, p := range batch {
+		ctxs[i], calls[i] = p.ctx, p.call
+	}
+	ctx, cancel := backend.BatchContext(ctxs)
+	defer cancel()
+	now := b.opts.Now()
+	keys, argv := scriptArgs(now, bs, calls)
+	b.stats.Scripts.Add(1)
+	b.stats.Coalesced.Add(uint64(len(batch) - 1))
+	var reply []string
+	err := b.opts.round(ctx, "EVALSHA", func(ctx context.Context) (err error) {
+		reply, err = b.script.Exec(ctx, b.client, keys, argv).AsStrSlice()
+		return err
+	})
+	var r scriptReply
+	if err != nil {
+		b.stats.ScriptErrors.Add(1)
+	} else {
+		r, err = parseReply(len(calls[0].costs), len(calls), reply)
+	}
+	for i, p := range batch {
+		p.now, p.err = now, err
+		if err == nil {
+			p.allowed, p.after = r.allowed[i], r.after[i]
+		}
+		if p.follower {
+			p.wake <- struct{}{}
 		}
 	}
+}
+
+// groupOf names the calls that may share a batch: those on the same
+// buckets with the same limits and TTLs, for which one run of the script
+// is right.
+func groupOf(bs []scriptBucket) string {
+	var sb strings.Builder
+	for _, x := range bs {
+		sb.WriteString(x.key)
+		sb.WriteByte(0)
+		sb.WriteString(x.cfg)
+		sb.WriteByte(0)
+		sb.WriteString(strconv.FormatInt(x.ttlMs, 10))
+		sb.WriteByte(0)
+	}
+	return sb.String()
+}
+
+// costs is what req costs each of limits, or for a refund what it gives
+// back.
+func costs(req *backend.Request, limits []bucket.Limit) []int64 {
+	out := make([]int64, len(limits))
+	for i, l := range limits {
+		if req.Refund {
+			out[i] = bucket.RefundAmount(l, req.Hits)
+		} else {
+			out[i] = bucket.Cost(l, req.Hits)
+		}
+	}
+	return out
+}
+
+// plan is what the script needs of the bucket at key whose limits
+// resolved to r: the limits, and the TTL it gets if written.
+func (b *Backend) plan(r backend.Resolved, key string) scriptBucket {
 	ttl, ok := backend.BucketTTL(r, b.opts.TTLMultiplier)
 	switch {
 	case !ok:
@@ -233,7 +350,7 @@ func (b *Backend) plan(req *backend.Request, r backend.Resolved, key string) scr
 	case ttl > far:
 		ttl = far
 	}
-	return scriptBucket{key: key, cfg: bucket.Fingerprint(r.Limits), limits: r.Limits, costs: costs, ttlMs: ttl}
+	return scriptBucket{key: key, cfg: bucket.Fingerprint(r.Limits), limits: r.Limits, ttlMs: ttl}
 }
 
 // errDisagree is a script whose decision is not the one backend/bucket

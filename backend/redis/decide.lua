@@ -1,22 +1,30 @@
--- One decision (or refund) against the buckets KEYS name: a bucket, and
--- its parent's in a cascade. Redis runs the script atomically, so it reads,
--- refills, decides and writes with nothing in between, whatever the number
--- of Sluice replicas. The arithmetic is backend/bucket's, step for step
--- (Refill, Reconcile, Decide, Refund); the Go side computes everything
--- else (costs, TTLs, waits) and a differential test holds the two equal.
+-- A batch of decisions (and refunds) against the buckets KEYS name: a
+-- bucket, and its parent's in a cascade. Redis runs the script
+-- atomically, so it reads, refills, decides and writes with nothing in
+-- between, whatever the number of Sluice replicas. The calls of a batch
+-- are decided one after the other, each all or nothing over every limit
+-- of every bucket, each against the state the ones before it left, and
+-- the buckets are written once at the end: a hot bucket's concurrent
+-- decisions on one replica cost one run. The arithmetic is
+-- backend/bucket's, step for step (Refill, Reconcile, Decide, Refund); the
+-- Go side computes everything else (costs, TTLs, waits) and a
+-- differential test holds the two equal.
 --
 -- Numbers are Lua doubles: every value stays below 2^53 (tokens below
 -- 2^40 * 1000, times in epoch milliseconds), divisions are corrected to
 -- exact integer quotients, and numbers are written with %.0f, never with
--- Lua's %.14g, which would round them.
+-- Lua's %.14g, which would round them. Consumption, which outgrows 2^53,
+-- is counted by Redis in its own 64-bit integers.
 --
--- ARGV: now, mode ("decide" or "refund"), then per key: ttl (ms; 0 keeps
--- the bucket forever), cfg (fingerprint of the limits), n, and n times:
--- name, amount, period, burst, cost (for a refund: the tokens it gives
--- back). Every amount in millitokens, every time in milliseconds.
+-- ARGV: now, the number of calls, then per key: ttl (ms; 0 keeps the
+-- bucket forever), cfg (fingerprint of the limits), n, and n times: name,
+-- amount, period, burst; then per call: mode ("d" decide, "r" refund) and
+-- per key and limit its cost (for a refund, what it gives back). Every
+-- amount in millitokens, every time in milliseconds.
 --
--- Reply: allowed (1 or 0), then per key and limit: tokens, clock,
--- consumed, as decimal strings.
+-- Reply: per call, allowed (1 or 0) and per key and limit the tokens and
+-- clock after it; then per key and limit the consumed total after the
+-- batch; all as decimal strings.
 
 local function fdiv(a, b)
   local q = math.floor(a / b)
@@ -59,17 +67,19 @@ local function str(n) return string.format('%.0f', n) end
 local function field(name, f) return 'b_' .. name .. '_' .. f end
 
 local now = num(ARGV[1])
-local refund = ARGV[2] == 'refund'
-local buckets = {}
+local ncalls = num(ARGV[2])
+local buckets, all = {}, {}
 local at = 3
 for k = 1, #KEYS do
   local b = {key = KEYS[k], ttl = num(ARGV[at]), cfg = ARGV[at + 1], limits = {}}
   local n = num(ARGV[at + 2])
   at = at + 3
   for i = 1, n do
-    b.limits[i] = {name = ARGV[at], amount = num(ARGV[at + 1]), period = num(ARGV[at + 2]),
-      burst = num(ARGV[at + 3]), cost = num(ARGV[at + 4])}
-    at = at + 5
+    local l = {name = ARGV[at], amount = num(ARGV[at + 1]), period = num(ARGV[at + 2]),
+      burst = num(ARGV[at + 3]), spent = 0}
+    b.limits[i] = l
+    table.insert(all, l)
+    at = at + 4
   end
   buckets[k] = b
 end
@@ -77,44 +87,59 @@ end
 -- Read and bring every limit to now: bucket.Reconcile (a kept limit
 -- refilled at its stored rate; a new one full), then bucket.Refill at the
 -- limit's rate, which caps a kept limit at its new burst.
-local allowed, anyCost = true, false
 for _, b in ipairs(buckets) do
   b.stale = redis.call('HGET', b.key, 'cfg') ~= b.cfg
   for _, l in ipairs(b.limits) do
-    local st = redis.call('HMGET', b.key, field(l.name, 'tk'), field(l.name, 'rf'), field(l.name, 'tc'),
+    local st = redis.call('HMGET', b.key, field(l.name, 'tk'), field(l.name, 'rf'),
       field(l.name, 'ra'), field(l.name, 'rp'), field(l.name, 'bx'))
     local tk, rf
-    if st[1] and st[2] and st[4] and st[5] and st[6] then
-      tk, rf = refill(num(st[4]), num(st[5]), num(st[6]), num(st[1]), num(st[2]), now)
+    if st[1] and st[2] and st[3] and st[4] and st[5] then
+      tk, rf = refill(num(st[3]), num(st[4]), num(st[5]), num(st[1]), num(st[2]), now)
     else
       tk, rf = l.burst, now
     end
     l.tk, l.rf = refill(l.amount, l.period, l.burst, tk, rf, now)
-    l.tc = st[3] or '0'
-    if l.cost > 0 then anyCost = true end
-    if l.tk < l.cost then allowed = false end
   end
 end
 
-if refund then
-  allowed = true
-  for _, b in ipairs(buckets) do
-    for _, l in ipairs(b.limits) do
-      l.tk = math.min(l.burst, l.tk + l.cost)
+-- The calls, in order. A denial, and a check that costs nothing, change
+-- nothing: refill is exact, so what is not written is credited again
+-- later, and a batch of nothing else writes nothing.
+local reply, write = {}, false
+for _ = 1, ncalls do
+  local refund = ARGV[at] == 'r'
+  local costs = {}
+  for i = 1, #all do costs[i] = num(ARGV[at + i]) end
+  at = at + 1 + #all
+  local allowed = true
+  if refund then
+    write = true
+    for i, l in ipairs(all) do
+      l.tk = math.min(l.burst, l.tk + costs[i])
       if l.tk == l.burst then l.rf = now end
     end
-  end
-elseif allowed then
-  for _, b in ipairs(buckets) do
-    for _, l in ipairs(b.limits) do
-      l.tk = l.tk - l.cost
+  else
+    for i, l in ipairs(all) do
+      if l.tk < costs[i] then allowed = false end
     end
+    if allowed then
+      for i, l in ipairs(all) do
+        if costs[i] > 0 then
+          write = true
+          l.tk = l.tk - costs[i]
+          table.insert(l, costs[i]) -- counted in Redis below
+        end
+      end
+    end
+  end
+  table.insert(reply, allowed and '1' or '0')
+  for _, l in ipairs(all) do
+    table.insert(reply, str(l.tk))
+    table.insert(reply, str(l.rf))
   end
 end
 
--- A denial, and a check that costs nothing, leave the buckets as stored:
--- refill is exact, so what was not written is credited again later.
-if refund or (allowed and anyCost) then
+if write then
   for _, b in ipairs(buckets) do
     if b.stale then
       -- The limits changed: drop the fields of those removed.
@@ -136,19 +161,17 @@ if refund or (allowed and anyCost) then
     end
     redis.call('HSET', b.key, unpack(set))
     for _, l in ipairs(b.limits) do
-      if not refund and l.cost > 0 then
-        -- Redis's own 64-bit integers: consumption outgrows 2^53. Read
-        -- back as a string: an integer reply becomes a Lua double. At
-        -- 2^63 it saturates, as bucket.Decide does (HINCRBY refuses the
-        -- overflow before it changes anything); a damaged count starts
-        -- again rather than fail every decision.
-        local r = redis.pcall('HINCRBY', b.key, field(l.name, 'tc'), str(l.cost))
+      -- Each call's cost on its own: a batch's sum may pass 2^53. At
+      -- 2^63 the count saturates, as bucket.Decide's does (HINCRBY
+      -- refuses the overflow before it changes anything); a damaged
+      -- count starts again rather than fail every decision.
+      for _, cost in ipairs(l) do
+        local r = redis.pcall('HINCRBY', b.key, field(l.name, 'tc'), str(cost))
         if type(r) == 'table' and r.err then
-          local tc = str(l.cost)
+          local tc = str(cost)
           if string.find(r.err, 'overflow') then tc = '9223372036854775807' end
           redis.call('HSET', b.key, field(l.name, 'tc'), tc)
         end
-        l.tc = redis.call('HGET', b.key, field(l.name, 'tc'))
       end
     end
     if b.ttl > 0 then
@@ -159,12 +182,10 @@ if refund or (allowed and anyCost) then
   end
 end
 
-local reply = {allowed and '1' or '0'}
+-- Read back as strings: an integer reply would become a Lua double.
 for _, b in ipairs(buckets) do
   for _, l in ipairs(b.limits) do
-    table.insert(reply, str(l.tk))
-    table.insert(reply, str(l.rf))
-    table.insert(reply, l.tc)
+    table.insert(reply, redis.call('HGET', b.key, field(l.name, 'tc')) or '0')
   end
 end
 return reply

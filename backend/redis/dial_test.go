@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
 	"github.com/sluice-rl/sluice/certs/certstest"
 )
@@ -123,5 +125,26 @@ func TestDialPassword(t *testing.T) {
 	}
 	if _, err := Dial(ctx, Conn{URL: "redis://:hunter2@[::1"}); err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("error %v shows the password", err)
+	}
+}
+
+// Through a Sentinel: the URL names the Sentinel and the primary's name,
+// and the decisions land in the primary the Sentinel names.
+func TestDialSentinel(t *testing.T) {
+	primary := redistest.Require(t)
+	sentinel := redistest.RequireWith(t, redistest.Options{Sentinel: &redistest.Sentinel{Name: "mymaster", Primary: primary}})
+	client, err := Dial(context.Background(), Conn{URL: "redis://" + sentinel.Addr() + "?master_set=mymaster"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	b := newBackend(t, client, Options{})
+	d, err := b.Decide(context.Background(), &backend.Request{Entity: "e", Resource: "r", Hits: 1,
+		Defaults: []bucket.Limit{{Name: "rps", Amount: 5 * bucket.Milli, Period: bucket.Second, Burst: 5 * bucket.Milli}}})
+	if err != nil || !d.Allowed {
+		t.Fatalf("decision through the Sentinel: %+v, %v", d, err)
+	}
+	if n, err := primary.Do(context.Background(), "DBSIZE"); err != nil || n != "1" {
+		t.Fatalf("the primary holds %s keys (%v), want the bucket", n, err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 //	{prefix}:c:r:<resource>                   a resource default
 //	{prefix}:c:s                              the system default
 //	{prefix}:m:<entity>                       an entity's META (parent, cascade)
+//	{prefix}:a                                the records the last `sluice limits apply` wrote
 //
 // A bucket's hash tag is its top entity: the end of the chain of parents
 // it cascades to (its own entity when it has none). Redis Cluster puts

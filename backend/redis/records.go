@@ -124,16 +124,10 @@ func decodeRecord(h map[string]string, nowMs int64) (backend.Record, bool, error
 	return rec, true, nil
 }
 
-// Entity is an entity's META: its parent, and whether its requests
-// cascade to the parent's buckets too. The zero Entity (no parent) is an
-// entity nobody described.
-type Entity struct {
-	Name    string
-	Parent  string
-	Cascade bool
-}
-
-func metaFields(e Entity) []string {
+// metaFields lays out an entity's META (backend.Entity: its parent, and
+// whether its requests cascade to the parent's buckets too) as the fields
+// of its hash.
+func metaFields(e backend.Entity) []string {
 	cascade := "0"
 	if e.Cascade {
 		cascade = "1"
@@ -141,14 +135,15 @@ func metaFields(e Entity) []string {
 	return []string{fieldParent, e.Parent, fieldCascade, cascade}
 }
 
-func decodeEntity(name string, h map[string]string) Entity {
-	return Entity{Name: name, Parent: h[fieldParent], Cascade: h[fieldCascade] == "1"}
+func decodeEntity(name string, h map[string]string) backend.Entity {
+	return backend.Entity{Name: name, Parent: h[fieldParent], Cascade: h[fieldCascade] == "1"}
 }
 
 // records reads the config records of a bucket, and its entity's META,
 // through the shared cache (backend/recordcache).
 type records struct {
 	client rueidis.Client
+	round  func(ctx context.Context, op string, fn func(context.Context) error) error
 	keys   Keys
 	now    func() int64
 	cache  *recordcache.Cache
@@ -158,8 +153,8 @@ type records struct {
 // waiting on it each give up at their own deadline.
 const readTimeout = 5 * time.Second
 
-func newRecords(client rueidis.Client, keys Keys, o recordcache.Options) *records {
-	r := &records{client: client, keys: keys, now: o.Now}
+func newRecords(client rueidis.Client, keys Keys, round func(context.Context, string, func(context.Context) error) error, o recordcache.Options) *records {
+	r := &records{client: client, round: round, keys: keys, now: o.Now}
 	o.Fetch, o.ReadTimeout = r.fetch, readTimeout
 	r.cache = recordcache.New(o)
 	return r
@@ -195,7 +190,19 @@ func (r *records) fetch(ctx context.Context, entity, resource string) (*recordca
 		cmds = append(cmds, r.client.B().Hgetall().Key(s.key).Build())
 	}
 	cmds = append(cmds, r.client.B().Hgetall().Key(r.keys.Meta(entity)).Build())
-	res := r.client.DoMulti(ctx, cmds...)
+	var res []rueidis.RedisResult
+	err := r.round(ctx, "HGETALL", func(ctx context.Context) error {
+		res = r.client.DoMulti(ctx, cmds...)
+		for _, x := range res {
+			if err := x.Error(); err != nil && !rueidis.IsRedisNil(err) {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading config records of %q/%q: %w", entity, resource, err)
+	}
 	now := r.now()
 	for i, s := range slots {
 		h, err := res[i].AsStrMap()

@@ -8,65 +8,89 @@ import (
 	"github.com/sluice-rl/sluice/backend/bucket"
 )
 
-// decideLua is the script every decision runs (decide.lua says how).
+// decideLua is the script every batch of decisions runs (decide.lua says
+// how).
 //
 //go:embed decide.lua
 var decideLua string
 
-// scriptBucket is one bucket of a scripted decision: its key, what to
-// charge each of its limits, and how long it may live once written.
+// scriptBucket is one bucket of a scripted batch: its key, its limits and
+// how long it may live once written.
 type scriptBucket struct {
 	key    string
 	cfg    string // fingerprint of limits
 	limits []bucket.Limit
-	costs  []int64 // per limit: the cost, or for a refund what it gives back
-	ttlMs  int64   // 0: the bucket never expires
+	ttlMs  int64 // 0: the bucket never expires
+}
+
+// scriptCall is one call of a batch: a decision or a refund, and what it
+// costs each limit of every bucket, in order (for a refund, what it gives
+// back).
+type scriptCall struct {
+	refund bool
+	costs  []int64
+}
+
+// scriptReply is what a batch did: per call, whether it was allowed and
+// each limit's state after it (tokens and clock); and each limit's
+// consumed total after the batch.
+type scriptReply struct {
+	allowed  []bool
+	after    [][]bucket.State
+	consumed []int64
 }
 
 // scriptArgs lays out the keys and arguments of one run of decideLua.
-func scriptArgs(now int64, refund bool, bs []scriptBucket) (keys, argv []string) {
-	mode := "decide"
-	if refund {
-		mode = "refund"
-	}
-	argv = []string{strconv.FormatInt(now, 10), mode}
+func scriptArgs(now int64, bs []scriptBucket, calls []scriptCall) (keys, argv []string) {
+	argv = []string{strconv.FormatInt(now, 10), strconv.Itoa(len(calls))}
 	for _, b := range bs {
 		keys = append(keys, b.key)
 		argv = append(argv, strconv.FormatInt(b.ttlMs, 10), b.cfg, strconv.Itoa(len(b.limits)))
-		for i, l := range b.limits {
+		for _, l := range b.limits {
 			argv = append(argv, l.Name, strconv.FormatInt(l.Amount, 10), strconv.FormatInt(l.Period, 10),
-				strconv.FormatInt(l.Burst, 10), strconv.FormatInt(b.costs[i], 10))
+				strconv.FormatInt(l.Burst, 10))
+		}
+	}
+	for _, c := range calls {
+		mode := "d"
+		if c.refund {
+			mode = "r"
+		}
+		argv = append(argv, mode)
+		for _, cost := range c.costs {
+			argv = append(argv, strconv.FormatInt(cost, 10))
 		}
 	}
 	return keys, argv
 }
 
-// parseReply reads decideLua's reply: whether the decision was allowed,
-// and every limit's state after it, bucket by bucket.
-func parseReply(bs []scriptBucket, reply []string) (bool, [][]bucket.State, error) {
-	n := 1
-	for _, b := range bs {
-		n += 3 * len(b.limits)
+// parseReply reads decideLua's reply for a batch of ncalls calls over
+// nlimits limits in all.
+func parseReply(nlimits, ncalls int, reply []string) (scriptReply, error) {
+	if want := ncalls*(1+2*nlimits) + nlimits; len(reply) != want {
+		return scriptReply{}, fmt.Errorf("redis: decision script answered %d values, want %d", len(reply), want)
 	}
-	if len(reply) != n {
-		return false, nil, fmt.Errorf("redis: decision script answered %d values, want %d", len(reply), n)
+	var err error
+	at := 0
+	next := func() int64 {
+		x, perr := strconv.ParseInt(reply[at], 10, 64)
+		if perr != nil && err == nil {
+			err = fmt.Errorf("redis: decision script answered %q: %w", reply[at], perr)
+		}
+		at++
+		return x
 	}
-	states := make([][]bucket.State, len(bs))
-	at := 1
-	for i, b := range bs {
-		states[i] = make([]bucket.State, len(b.limits))
-		for j := range b.limits {
-			var v [3]int64
-			for k := range v {
-				x, err := strconv.ParseInt(reply[at], 10, 64)
-				if err != nil {
-					return false, nil, fmt.Errorf("redis: decision script answered %q: %w", reply[at], err)
-				}
-				v[k] = x
-				at++
-			}
-			states[i][j] = bucket.State{Tokens: v[0], Clock: v[1], Consumed: v[2]}
+	r := scriptReply{allowed: make([]bool, ncalls), after: make([][]bucket.State, ncalls), consumed: make([]int64, nlimits)}
+	for c := range ncalls {
+		r.allowed[c] = reply[at] == "1"
+		at++
+		r.after[c] = make([]bucket.State, nlimits)
+		for i := range nlimits {
+			r.after[c][i] = bucket.State{Tokens: next(), Clock: next()}
 		}
 	}
-	return reply[0] == "1", states, nil
+	for i := range nlimits {
+		r.consumed[i] = next()
+	}
+	return r, err
 }

@@ -15,19 +15,23 @@ import (
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
 )
 
-// runScript runs decideLua for bs on a real server.
-func runScript(t *testing.T, c rueidis.Client, now int64, refund bool, bs []scriptBucket) (bool, [][]bucket.State) {
+// runScript runs decideLua for calls on bs on a real server.
+func runScript(t *testing.T, c rueidis.Client, now int64, bs []scriptBucket, calls []scriptCall) scriptReply {
 	t.Helper()
-	keys, argv := scriptArgs(now, refund, bs)
+	keys, argv := scriptArgs(now, bs, calls)
 	reply, err := rueidis.NewLuaScript(decideLua).Exec(context.Background(), c, keys, argv).AsStrSlice()
 	if err != nil {
 		t.Fatalf("script: %v", err)
 	}
-	allowed, states, err := parseReply(bs, reply)
+	n := 0
+	for _, b := range bs {
+		n += len(b.limits)
+	}
+	r, err := parseReply(n, len(calls), reply)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return allowed, states
+	return r
 }
 
 func newClient(t *testing.T, srv *redistest.Server) rueidis.Client {
@@ -131,14 +135,18 @@ func TestScriptDecidesAsBucket(t *testing.T) {
 			if r.IntN(2) == 0 {
 				ttl = 1 + r.Int64N(86_400_000)
 			}
-			sb := scriptBucket{key: key, cfg: fmt.Sprint(limits), limits: limits, costs: costs, ttlMs: ttl}
-			gotAllowed, got := runScript(t, c, now, refund, []scriptBucket{sb})
+			sb := scriptBucket{key: key, cfg: fmt.Sprint(limits), limits: limits, ttlMs: ttl}
+			r := runScript(t, c, now, []scriptBucket{sb}, []scriptCall{{refund: refund, costs: costs}})
 			where := fmt.Sprintf("run %d step %d: limits %v, %d hits, refund %v, at %d", run, step, limits, hits, refund, now)
-			if gotAllowed != allowed {
-				t.Fatalf("%s: script allowed %v, bucket %v", where, gotAllowed, allowed)
+			if r.allowed[0] != allowed {
+				t.Fatalf("%s: script allowed %v, bucket %v", where, r.allowed[0], allowed)
 			}
-			if !slices.Equal(got[0], states) {
-				t.Fatalf("%s:\n script states %+v\n bucket states %+v\n stored %+v", where, got[0], states, stored)
+			got := make([]bucket.State, len(limits))
+			for i, a := range r.after[0] {
+				got[i] = bucket.State{Tokens: a.Tokens, Clock: a.Clock, Consumed: r.consumed[i]}
+			}
+			if !slices.Equal(got, states) {
+				t.Fatalf("%s:\n script states %+v\n bucket states %+v\n stored %+v", where, got, states, stored)
 			}
 			written := refund || (allowed && anyCost)
 			if written {
@@ -153,4 +161,84 @@ func TestScriptDecidesAsBucket(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A batch of calls is decided as backend/bucket decides them one after
+// the other at one time: each all or nothing over every limit of both
+// buckets of a cascade, against what the calls before it left, refunds
+// among them; the states after each call, the consumed totals after the
+// batch and what is written (nothing when no call took or gave back a
+// token) are Go's.
+func TestScriptDecidesABatchInOrder(t *testing.T) {
+	srv := redistest.Require(t)
+	c := newClient(t, srv)
+	ctx := context.Background()
+	r := rand.New(rand.NewPCG(5, 9))
+	now := int64(1_700_000_000_000)
+	for run := range 300 {
+		bs := []scriptBucket{{key: "batch:" + strconv.Itoa(run) + ":child", limits: randomLimits(r)}}
+		if r.IntN(2) == 0 {
+			bs = append(bs, scriptBucket{key: "batch:" + strconv.Itoa(run) + ":parent", limits: randomLimits(r)})
+		}
+		var limits []bucket.Limit
+		for i := range bs {
+			bs[i].cfg = fmt.Sprint(bs[i].limits)
+			bs[i].ttlMs = 60_000
+			limits = append(limits, bs[i].limits...)
+		}
+		states := make([]bucket.State, len(limits))
+		for i, l := range limits {
+			states[i] = bucket.Full(l, now)
+		}
+		for round := range 3 {
+			now += r.Int64N(5000)
+			calls := make([]scriptCall, 1+r.IntN(10))
+			var want [][]int64 // per call: allowed (1 or 0), then each limit's tokens and clock after it
+			wrote := false
+			for i := range calls {
+				req := backend.Request{Hits: uint64(r.IntN(4)), Refund: r.IntN(8) == 0}
+				if r.IntN(6) == 0 {
+					req.Hits = r.Uint64N(uint64(bucket.MaxTokens))
+				}
+				calls[i] = scriptCall{refund: req.Refund, costs: costs(&req, limits)}
+				_, allowed := backend.Apply(&req, limits, states, now)
+				wrote = wrote || req.Refund || (allowed && req.Hits > 0)
+				after := []int64{b2i(allowed)}
+				for _, s := range states {
+					after = append(after, s.Tokens, s.Clock)
+				}
+				want = append(want, after)
+			}
+			got := runScript(t, c, now, bs, calls)
+			where := fmt.Sprintf("run %d round %d: limits %v, calls %+v", run, round, limits, calls)
+			for i := range calls {
+				g := []int64{b2i(got.allowed[i])}
+				for _, s := range got.after[i] {
+					g = append(g, s.Tokens, s.Clock)
+				}
+				if !slices.Equal(g, want[i]) {
+					t.Fatalf("%s: call %d: script %v, bucket %v", where, i, g, want[i])
+				}
+			}
+			for i, s := range states {
+				if got.consumed[i] != s.Consumed {
+					t.Fatalf("%s: limit %d consumed %d, bucket %d", where, i, got.consumed[i], s.Consumed)
+				}
+			}
+			exists, err := srv.Do(ctx, "EXISTS", bs[0].key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if round == 0 && wrote != (exists == "1") {
+				t.Fatalf("%s: written %v, but the key exists: %s", where, wrote, exists)
+			}
+		}
+	}
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }

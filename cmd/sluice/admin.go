@@ -16,24 +16,65 @@ import (
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
 	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
+	"github.com/sluice-rl/sluice/backend/redis"
 )
 
-// adminOptions are the flags every operator command shares: where the
-// table is, and how to print.
+// adminStore is what the operator commands need of the store a
+// deployment keeps its limits and buckets in: the config records of the
+// four levels, entities' META, buckets (read only) and the applied set of
+// `limits apply`. *dynamodb.Admin and *redis.Admin are each one.
+type adminStore interface {
+	PutConfig(ctx context.Context, k backend.RecordKey, limits []bucket.Limit, syncWindow time.Duration) (backend.Config, error)
+	GetConfigs(ctx context.Context, keys []backend.RecordKey) (map[backend.RecordKey]backend.Config, error)
+	DeleteConfig(ctx context.Context, k backend.RecordKey) (bool, error)
+	EntityConfigs(ctx context.Context, entity string) ([]backend.Config, error)
+	AllConfigs(ctx context.Context, fn func(backend.Config) error) error
+	Applied(ctx context.Context) ([]backend.RecordKey, int64, error)
+	SetApplied(ctx context.Context, refs []backend.RecordKey, version int64) error
+
+	PutEntity(ctx context.Context, e backend.Entity) error
+	GetEntity(ctx context.Context, name string) (backend.Entity, bool, error)
+	Children(ctx context.Context, parent string, fn func(backend.Entity) error) error
+	DeleteEntity(ctx context.Context, entity string) (int, error)
+
+	GetBucket(ctx context.Context, entity, resource string) (backend.Bucket, bool, error)
+	Effective(ctx context.Context, entity, resource string) (backend.Resolved, error)
+	Buckets(ctx context.Context, resource string, fn func(backend.BucketRef) error) error
+}
+
+var (
+	_ adminStore = (*sluiceddb.Admin)(nil)
+	_ adminStore = (*redis.Admin)(nil)
+)
+
+// adminOptions are the flags every operator command shares: which store
+// and where it is, and how to print.
 type adminOptions struct {
+	backend                            string
 	table, region, endpoint, keyPrefix string
+	redis                              redis.Conn
 	output                             string
+	// release frees what admin connected (the Redis client); the group
+	// calls it when its command ends, whatever the outcome.
+	release func()
 }
 
 // newAdminGroup is a command group of operator commands sharing the
-// table and output flags; each sub is built on the group's options.
+// store and output flags; each sub is built on the group's options.
 func newAdminGroup(group *cobra.Command, subs ...func(*adminOptions) *cobra.Command) *cobra.Command {
 	o := &adminOptions{}
 	group.Args = cobra.NoArgs
 	group.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
 	addAdminFlags(group, o)
 	for _, sub := range subs {
-		group.AddCommand(sub(o))
+		c := sub(o)
+		if run := c.RunE; run != nil {
+			c.RunE = func(cmd *cobra.Command, args []string) error {
+				defer o.close()
+				return run(cmd, args)
+			}
+		}
+		group.AddCommand(c)
 	}
 	return group
 }
@@ -42,21 +83,38 @@ func newAdminGroup(group *cobra.Command, subs ...func(*adminOptions) *cobra.Comm
 // persistent, so `sluice limits set --table T` works.
 func addAdminFlags(cmd *cobra.Command, o *adminOptions) {
 	f := cmd.PersistentFlags()
-	f.StringVar(&o.table, "table", "", "DynamoDB table name (required)")
+	f.StringVar(&o.backend, "backend", "dynamodb", "where the deployment keeps its limits and buckets: dynamodb or redis (as given to serve)")
+	f.StringVar(&o.table, "table", "", "dynamodb backend: the table (required)")
 	addDynamoDBFlags(f, &o.region, &o.endpoint)
+	addRedisFlags(f, &o.redis)
 	f.StringVar(&o.keyPrefix, "key-prefix", "", "the key prefix of the deployment (as given to serve)")
 	f.StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
 }
 
-// admin connects to the table.
-func (o *adminOptions) admin(ctx context.Context) (*sluiceddb.Admin, error) {
-	if o.table == "" {
-		return nil, usageError{errors.New("--table (or SLUICE_TABLE) is required")}
+// redisDialTimeout bounds connecting to Redis, as serve bounds it.
+const redisDialTimeout = 10 * time.Second
+
+// admin connects to the store --backend names.
+func (o *adminOptions) admin(ctx context.Context) (adminStore, error) {
+	switch o.backend {
+	case "dynamodb":
+		if o.table == "" {
+			return nil, usageError{errors.New("--table (or SLUICE_TABLE) is required")}
+		}
+	case "redis":
+		if o.redis.URL == "" {
+			return nil, usageError{errRedisURL}
+		}
+	default:
+		return nil, usageError{fmt.Errorf("--backend %q: want dynamodb or redis (the memory backend keeps its limits in its overrides file)", o.backend)}
 	}
 	switch o.output {
 	case "table", "json", "yaml":
 	default:
 		return nil, usageError{fmt.Errorf("--output %q: want table, json or yaml", o.output)}
+	}
+	if o.backend == "redis" {
+		return o.redisAdmin(ctx)
 	}
 	client, err := newDynamoDBClient(ctx, o.region, o.endpoint, nil)
 	if err != nil {
@@ -69,8 +127,37 @@ func (o *adminOptions) admin(ctx context.Context) (*sluiceddb.Admin, error) {
 	return a, nil
 }
 
+// redisAdmin dials Redis; the client is closed when the command ends.
+func (o *adminOptions) redisAdmin(ctx context.Context) (adminStore, error) {
+	// A bad prefix is a usage error, found before any connection.
+	if _, err := redis.NewKeys(o.keyPrefix); err != nil {
+		return nil, usageError{err}
+	}
+	dialCtx, cancel := context.WithTimeout(ctx, redisDialTimeout)
+	defer cancel()
+	client, err := dialRedis(dialCtx, o.redis)
+	if err != nil {
+		return nil, err
+	}
+	a, err := redis.NewAdmin(client, o.keyPrefix, nil)
+	if err != nil {
+		client.Close()
+		return nil, usageError{err}
+	}
+	o.release = client.Close
+	return a, nil
+}
+
+// close releases what admin connected, if anything.
+func (o *adminOptions) close() {
+	if o.release != nil {
+		o.release()
+		o.release = nil
+	}
+}
+
 // scoped checks the scope flags, then connects.
-func (o *adminOptions) scoped(ctx context.Context, s scopeOptions) (*sluiceddb.Admin, backend.RecordKey, error) {
+func (o *adminOptions) scoped(ctx context.Context, s scopeOptions) (adminStore, backend.RecordKey, error) {
 	k, err := s.key()
 	if err != nil {
 		return nil, k, err

@@ -12,30 +12,63 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
+	"github.com/sluice-rl/sluice/backend/redis/redistest"
 )
 
-// opTable is a fresh table on DynamoDB Local, made with `sluice table
-// create`, and the flags that name it.
-type opTable struct {
-	name, endpoint string
+// opStore is a fresh store of limits and buckets for the operator
+// commands, and the flags that point them at it: a table on DynamoDB
+// Local made with `sluice table create`, or a redis-server of its own.
+type opStore struct {
+	flags []string
+	// unnamed are flags that choose the store but do not say where it
+	// is, and missing what the commands then say.
+	unnamed []string
+	missing string
+	// serve points serve's options at the store.
+	serve func(*serveOptions)
 }
 
-func newOpTable(t *testing.T) opTable {
+func newOpTable(t *testing.T) opStore {
 	t.Helper()
 	srv := dynamodbtest.Require(t)
 	awsEnv(t)
-	tb := opTable{dynamodbtest.TableName(t), srv.Endpoint()}
-	if out, code := sluice(t, "table", "create", "--table", tb.name, "--region", "us-east-1", "--endpoint", tb.endpoint); code != 0 {
+	name, endpoint := dynamodbtest.TableName(t), srv.Endpoint()
+	if out, code := sluice(t, "table", "create", "--table", name, "--region", "us-east-1", "--endpoint", endpoint); code != 0 {
 		t.Fatalf("table create: exit %d\n%s", code, out)
 	}
-	return tb
+	return opStore{
+		flags:   []string{"--table", name, "--region", "us-east-1", "--endpoint", endpoint},
+		missing: "--table (or SLUICE_TABLE) is required",
+		serve: func(o *serveOptions) {
+			o.backend, o.table, o.region, o.endpoint = "dynamodb", name, "us-east-1", endpoint
+			o.leaseHorizon = 0 // the buckets' tokens are checked exactly
+		},
+	}
 }
 
-// run runs `sluice GROUP SUB args...` against the table and fails the test
-// unless it exits with code.
-func (tb opTable) run(t *testing.T, code int, args ...string) string {
+func newOpRedis(t *testing.T) opStore {
 	t.Helper()
-	full := append(args, "--table", tb.name, "--region", "us-east-1", "--endpoint", tb.endpoint)
+	url := redistest.Require(t).URL()
+	return opStore{
+		flags:   []string{"--backend", "redis", "--redis-url", url},
+		unnamed: []string{"--backend", "redis"},
+		missing: "--redis-url (or SLUICE_REDIS_URL) is required",
+		serve:   func(o *serveOptions) { o.backend, o.redis.URL = "redis", url },
+	}
+}
+
+// eachStore runs test on a DynamoDB table and on Redis: the commands
+// behave the same on both.
+func eachStore(t *testing.T, test func(*testing.T, opStore)) {
+	t.Run("dynamodb", func(t *testing.T) { test(t, newOpTable(t)) })
+	t.Run("redis", func(t *testing.T) { test(t, newOpRedis(t)) })
+}
+
+// run runs `sluice GROUP SUB args...` against the store and fails the
+// test unless it exits with code.
+func (tb opStore) run(t *testing.T, code int, args ...string) string {
+	t.Helper()
+	full := append(args, tb.flags...)
 	out, got := sluice(t, full...)
 	if got != code {
 		t.Fatalf("sluice %s: exit %d, want %d\n%s", strings.Join(args, " "), got, code, out)
@@ -52,8 +85,9 @@ func contains(t *testing.T, what, out string, want ...string) {
 	}
 }
 
-func TestLimitsCommands(t *testing.T) {
-	tb := newOpTable(t)
+func TestLimitsCommands(t *testing.T) { eachStore(t, testLimitsCommands) }
+
+func testLimitsCommands(t *testing.T, tb opStore) {
 
 	out := tb.run(t, 0, "limits", "set", "--system", "rpm=1000/min")
 	contains(t, "set system", out, "set system: rpm=1000/min (expires: never)")
@@ -62,7 +96,7 @@ func TestLimitsCommands(t *testing.T) {
 	out = tb.run(t, 0, "limits", "set", "--entity", "trial-7", "--resource", "chat", "--sync-window", "1h", "rpm=10/min")
 	contains(t, "sync-written", out, "set entity trial-7 resource chat: rpm=10/min (expires: 20")
 	// 3 h from the write, printed a moment later: "3h0m0s", or "2h59m59s"
-	// when DynamoDB Local took a second to answer.
+	// when the store took a second to answer.
 	if !strings.Contains(out, "(in 3h0m") && !strings.Contains(out, "(in 2h59m5") {
 		t.Errorf("sync-written: expiry is not 3 h away:\n%s", out)
 	}
@@ -130,19 +164,25 @@ func TestLimitsCommands(t *testing.T) {
 		{[]string{"limits", "set", "--system"}, "requires at least 1 arg"},
 		{[]string{"limits", "set", "--resource", "r", "--sync-window", "1h", "rpm=1/s"}, "only with --entity"},
 		{[]string{"limits", "get", "--system", "-o", "xml"}, `--output "xml"`},
+		{[]string{"limits", "get", "--system", "--key-prefix", "a/b"}, `key prefix "a/b"`},
 		{[]string{"limits", "frob"}, `unknown command "frob"`},
 	} {
 		out := tb.run(t, 2, c.args...)
 		contains(t, strings.Join(c.args, " "), out, c.want)
 	}
-	out, code := sluice(t, "limits", "get", "--system")
-	if code != 2 || !strings.Contains(out, "--table (or SLUICE_TABLE) is required") {
-		t.Errorf("without a table: exit %d\n%s", code, out)
+	out, code := sluice(t, append([]string{"limits", "get", "--system"}, tb.unnamed...)...)
+	if code != 2 || !strings.Contains(out, tb.missing) {
+		t.Errorf("without saying where the store is: exit %d\n%s", code, out)
+	}
+	out, code = sluice(t, "limits", "get", "--system", "--backend", "memory")
+	if code != 2 || !strings.Contains(out, `--backend "memory": want dynamodb or redis`) {
+		t.Errorf("--backend memory: exit %d\n%s", code, out)
 	}
 }
 
-func TestLimitsApply(t *testing.T) {
-	tb := newOpTable(t)
+func TestLimitsApply(t *testing.T) { eachStore(t, testLimitsApply) }
+
+func testLimitsApply(t *testing.T, tb opStore) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "limits.yaml")
 	write := func(s string) {
@@ -216,8 +256,9 @@ entities:
 	tb.run(t, 2, "limits", "apply")
 }
 
-func TestEntityCommands(t *testing.T) {
-	tb := newOpTable(t)
+func TestEntityCommands(t *testing.T) { eachStore(t, testEntityCommands) }
+
+func testEntityCommands(t *testing.T, tb opStore) {
 	for _, k := range []string{"key-1", "key-2"} {
 		out := tb.run(t, 0, "entity", "set", k, "--parent", "team-a", "--cascade")
 		contains(t, "entity set", out, "set entity "+k+": parent team-a, cascade (charged to the parent too)")
@@ -264,8 +305,9 @@ descriptors:
 // The round trip an operator makes: limits from a manifest are in force
 // for traffic through the service; raising one entity's limit by hand
 // changes its next decision; the bucket shows what happened.
-func TestOperatorRoundTrip(t *testing.T) {
-	tb := newOpTable(t)
+func TestOperatorRoundTrip(t *testing.T) { eachStore(t, testOperatorRoundTrip) }
+
+func testOperatorRoundTrip(t *testing.T, tb opStore) {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(rulesAPI), 0o644); err != nil {
 		t.Fatal(err)
@@ -277,9 +319,8 @@ func TestOperatorRoundTrip(t *testing.T) {
 	tb.run(t, 0, "limits", "apply", "-f", manifest)
 
 	o := testOptions(dir)
-	o.backend, o.table, o.region, o.endpoint = "dynamodb", tb.name, "us-east-1", tb.endpoint
+	tb.serve(&o)
 	o.configCacheTTL = 300 * time.Millisecond
-	o.leaseHorizon = 0 // the buckets' tokens are checked exactly
 	s, _, _ := startTestServer(t, o)
 	check := func(key string) string {
 		out, code := sluice(t, "check", "--grpc-addr", s.grpcLn.Addr().String(), "--domain", "api", "--descriptor", "api_key="+key)

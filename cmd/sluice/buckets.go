@@ -11,13 +11,12 @@ import (
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
-	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
 )
 
 func newBucketsCommand() *cobra.Command {
 	return newAdminGroup(&cobra.Command{
 		Use:   "buckets",
-		Short: "Look at token buckets as the table holds them",
+		Short: "Look at token buckets as the table (or Redis) holds them",
 		Long: `A bucket is one entity's state for one resource: for each of its limits the
 tokens left at its refill clock. These commands only read; a bucket changes
 when Sluice decides on it.`,
@@ -139,7 +138,8 @@ func newBucketsListCommand(o *adminOptions) *cobra.Command {
 		Long: `List the entities holding a bucket for a resource, through the table's GSI2
 index, page by page, with the fingerprint of the limits each was last written
 with. The index is eventually consistent, and lists an expired bucket until
-DynamoDB deletes it.`,
+DynamoDB deletes it. On Redis the buckets are found by SCAN, in no particular
+order, in time proportional to the number of keys.`,
 		Example: `  sluice buckets list --table sluice --resource chat --limit 100`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -159,7 +159,7 @@ DynamoDB deletes it.`,
 			}
 			out := []refOut{}
 			errEnough := errors.New("enough")
-			err = a.Buckets(cmd.Context(), resource, func(r sluiceddb.BucketRef) error {
+			err = a.Buckets(cmd.Context(), resource, func(r backend.BucketRef) error {
 				out = append(out, refOut{r.Entity, r.Cfg})
 				if limit > 0 && len(out) >= limit {
 					return errEnough

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
+	"github.com/sluice-rl/sluice/backend"
 )
 
 func newEntityCommand() *cobra.Command {
@@ -18,7 +18,9 @@ func newEntityCommand() *cobra.Command {
 		Long: `An entity (an API key, a tenant, a client address) may have a parent. With
 cascade on, each of its requests is charged to its own bucket and to the
 parent's bucket for the same resource, atomically: a team's keys share the
-team's budget. These commands read and write the DynamoDB table directly.`,
+team's budget. These commands read and write the DynamoDB table (--backend
+dynamodb, the default, with --table) or Redis (--backend redis with
+--redis-url) directly.`,
 		Example: `  export SLUICE_TABLE=sluice
   sluice entity set key-123 --parent team-a --cascade
   sluice entity children team-a`,
@@ -44,7 +46,7 @@ func newEntitySetCommand(o *adminOptions) *cobra.Command {
   sluice entity set --table sluice key-123             # no parent any more`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			e := sluiceddb.Entity{Name: args[0], Parent: parent, Cascade: cascade}
+			e := backend.Entity{Name: args[0], Parent: parent, Cascade: cascade}
 			if cascade && parent == "" {
 				return usageError{errors.New("--cascade needs --parent")}
 			}
@@ -68,7 +70,7 @@ func newEntitySetCommand(o *adminOptions) *cobra.Command {
 	return cmd
 }
 
-func describeParent(e sluiceddb.Entity) string {
+func describeParent(e backend.Entity) string {
 	switch {
 	case e.Parent == "":
 		return "no parent"
@@ -121,7 +123,9 @@ func newEntityChildrenCommand(o *adminOptions) *cobra.Command {
 		Short: "List the entities whose parent is PARENT",
 		Long: `List the entities whose parent is PARENT, through the table's GSI1 index,
 page by page. The index is eventually consistent: an entity set a moment ago
-may not be listed yet.`,
+may not be listed yet. On Redis, which has no index, every entity's META is
+found by SCAN and read, in time proportional to the number of keys; an entity
+set a moment ago is listed.`,
 		Example: `  sluice entity children --table sluice team-a`,
 		Args:    usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -130,7 +134,7 @@ may not be listed yet.`,
 				return err
 			}
 			out := []entityOut{}
-			if err := a.Children(cmd.Context(), args[0], func(e sluiceddb.Entity) error {
+			if err := a.Children(cmd.Context(), args[0], func(e backend.Entity) error {
 				out = append(out, entityOut{Entity: e.Name, Parent: e.Parent, Cascade: e.Cascade})
 				return nil
 			}); err != nil {
@@ -153,9 +157,10 @@ func newEntityDeleteCommand(o *adminOptions) *cobra.Command {
 		Use:   "delete ENTITY [--force]",
 		Short: "Delete an entity: its META item, its configs and its buckets",
 		Long: `Delete every item of an entity: its META item, its configs and its buckets,
-25 at a time, retrying what DynamoDB leaves unprocessed. An entity that is
-the parent of others is refused unless --force: its children would go on
-charging a parent whose limits are gone.`,
+25 at a time, retrying what DynamoDB leaves unprocessed; on Redis, its keys,
+its configs and buckets found by SCAN. An entity that is the parent of others
+is refused unless --force: its children would go on charging a parent whose
+limits are gone.`,
 		Example: `  sluice entity delete --table sluice key-123`,
 		Args:    usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -166,7 +171,7 @@ charging a parent whose limits are gone.`,
 			if !force {
 				var child string
 				errStop := errors.New("stop")
-				err := a.Children(cmd.Context(), args[0], func(e sluiceddb.Entity) error {
+				err := a.Children(cmd.Context(), args[0], func(e backend.Entity) error {
 					child = e.Name
 					return errStop
 				})

@@ -76,7 +76,7 @@ func TestServeLeases(t *testing.T) {
 			if v := s.describe().DynamoDB; v == nil || v.Leases.Horizon != "30s" || v.Leases.Leased == 0 {
 				t.Errorf("/debug/config shows no leases: %+v", v)
 			}
-			checkMetricsDocumented(t, got, true)
+			checkMetricsDocumented(t, got, "dynamodb")
 		} else if writes != n || leased != 0 {
 			t.Errorf("--lease-horizon 0: %v writes and %v leased for %d decisions", writes, leased, n)
 		}

@@ -13,16 +13,16 @@ import (
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
-	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/manifest"
 )
 
 const limitsHelp = `Limits are stored at four levels, and a bucket uses the first that has any:
 the entity's config for the resource, the entity's config for _default_, the
 resource default, the system default. These commands read and write the
-records of the DynamoDB table directly; no running Sluice is needed. A change
-reaches every replica within its config cache TTL (60 s), and an existing
-bucket takes the new limits on its next write.
+records directly, in the DynamoDB table (--backend dynamodb, the default,
+with --table) or in Redis (--backend redis with --redis-url); no running
+Sluice is needed. A change reaches every replica within its config cache TTL
+(60 s), and an existing bucket takes the new limits on its next write.
 
 A limit is written name=rate[:burst=N][:cost=hits|request]: rpm=100/min,
 tpm=100000/min:burst=150000, or rpm=20/min:cost=request to count requests
@@ -37,7 +37,8 @@ func newLimitsCommand() *cobra.Command {
 		Example: `  export SLUICE_TABLE=sluice
   sluice limits set --entity acme --resource chat rpm=200/min
   sluice limits get --entity acme --resource chat
-  sluice limits apply -f limits.yaml --dry-run`,
+  sluice limits apply -f limits.yaml --dry-run
+  sluice limits list --backend redis --redis-url redis://localhost:6379`,
 	},
 		newLimitsSetCommand, newLimitsGetCommand, newLimitsDeleteCommand, newLimitsListCommand, newLimitsApplyCommand)
 }
@@ -49,7 +50,7 @@ type configOut struct {
 	TTL    string     `json:"ttl,omitempty" yaml:"ttl,omitempty"`
 }
 
-func configsOut(cs []sluiceddb.Config) []configOut {
+func configsOut(cs []backend.Config) []configOut {
 	out := make([]configOut, 0, len(cs))
 	for _, c := range cs {
 		out = append(out, configOut{keyOut(c.Key), limitsOut(c.Limits), ttlOut(c.TTL)})
@@ -100,7 +101,7 @@ expires, and neither do its buckets.`,
 			if err != nil {
 				return err
 			}
-			return o.print(cmd.OutOrStdout(), configsOut([]sluiceddb.Config{c})[0], func(w *tabwriter.Writer) {
+			return o.print(cmd.OutOrStdout(), configsOut([]backend.Config{c})[0], func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "set %s: %s (expires: %s)\n", keyText(k), limitsText(c.Limits), ttlText(c.TTL, time.Now()))
 			})
 		},
@@ -146,14 +147,15 @@ func newLimitsGetCommand(o *adminOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get (--system | --resource R | --entity E [--resource R])",
 		Short: "Show the limits in force for a scope, and the level they come from",
-		Long: `Show the limits a bucket in this scope gets from the table, and from which
-level: every level resolution reads is listed, the one in force marked. For
---entity E --resource R that is all four levels; for --entity E alone, the
-entity-wide config (_default_) and the system default; for --resource R, the
-resource default and the system default. The rule files' own limits for a
-resource are not in the table; serve puts them after the resource default and
-before the system default. So where the table's answer is the system default,
-or nothing, the rule files' limits apply if the rule has any.`,
+		Long: `Show the limits a bucket in this scope gets from the table (or Redis), and
+from which level: every level resolution reads is listed, the one in force
+marked. For --entity E --resource R that is all four levels; for --entity E
+alone, the entity-wide config (_default_) and the system default; for
+--resource R, the resource default and the system default. The rule files'
+own limits for a resource are not in the table; serve puts them after the
+resource default and before the system default. So where the table's answer
+is the system default, or nothing, the rule files' limits apply if the rule
+has any.`,
 		Example: `  sluice limits get --table sluice --entity acme --resource chat
   sluice limits get --table sluice --resource chat -o json`,
 		Args: cobra.NoArgs,
@@ -238,10 +240,12 @@ func newLimitsListCommand(o *adminOptions) *cobra.Command {
 	var entity string
 	cmd := &cobra.Command{
 		Use:   "list [--entity E]",
-		Short: "List stored records: one entity's, or every one in the table",
+		Short: "List stored records: one entity's, or every one in the table (or Redis)",
 		Long: `With --entity, list that entity's configs (one Query). Without it, list every
 record of the deployment: that scans the whole table, buckets included, so it
-takes time and read capacity in proportion to the table's size.`,
+takes time and read capacity in proportion to the table's size. On Redis both
+are a SCAN of the keyspace (of every primary of a Cluster), which takes time in
+proportion to the number of keys.`,
 		Example: `  sluice limits list --table sluice --entity acme
   sluice limits list --table sluice -o yaml`,
 		Args: cobra.NoArgs,
@@ -250,11 +254,11 @@ takes time and read capacity in proportion to the table's size.`,
 			if err != nil {
 				return err
 			}
-			var cs []sluiceddb.Config
+			var cs []backend.Config
 			if entity != "" {
 				cs, err = a.EntityConfigs(cmd.Context(), entity)
 			} else {
-				err = a.AllConfigs(cmd.Context(), func(c sluiceddb.Config) error {
+				err = a.AllConfigs(cmd.Context(), func(c backend.Config) error {
 					cs = append(cs, c)
 					return nil
 				})
@@ -262,7 +266,7 @@ takes time and read capacity in proportion to the table's size.`,
 			if err != nil {
 				return err
 			}
-			slices.SortFunc(cs, func(x, y sluiceddb.Config) int { return manifest.CompareKeys(x.Key, y.Key) })
+			slices.SortFunc(cs, func(x, y backend.Config) int { return manifest.CompareKeys(x.Key, y.Key) })
 			return o.print(cmd.OutOrStdout(), configsOut(cs), func(w *tabwriter.Writer) {
 				fmt.Fprintln(w, "LEVEL\tRECORD\tLIMITS\tEXPIRES")
 				for _, c := range cs {
@@ -294,7 +298,7 @@ func newLimitsApplyCommand(o *adminOptions) *cobra.Command {
 	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "apply -f FILE [--dry-run]",
-		Short: "Make the table hold exactly a manifest's records",
+		Short: "Make the table (or Redis) hold exactly a manifest's records",
 		Long: `Read a manifest of system, resource and entity limits, print the plan (create,
 update, delete) and carry it out. Records the manifest lists are written as
 operator configs (no expiry). A record is deleted only if an earlier apply's
@@ -372,7 +376,7 @@ fails and says so; run it again. -f - reads the manifest from stdin.
 				}
 				if changed || !sameKeys(applied, m.Keys()) {
 					if err := a.SetApplied(ctx, m.Keys(), version); err != nil {
-						if errors.Is(err, sluiceddb.ErrAppliedChanged) {
+						if errors.Is(err, backend.ErrAppliedChanged) {
 							return fmt.Errorf("%w: apply again to reconcile", err)
 						}
 						return err

@@ -1,8 +1,9 @@
 // Command sluice is Envoy's external rate-limit service and the tools that
 // go with it: `sluice serve` runs the service, `sluice check` asks a
 // running service for a decision, `sluice health` probes one, and
-// `sluice table`, `limits`, `entity` and `buckets` manage the DynamoDB
-// backend's table.
+// `sluice table` creates the DynamoDB backend's table, and `limits`,
+// `entity` and `buckets` manage the records and buckets of the DynamoDB
+// and Redis backends.
 package main
 
 import (

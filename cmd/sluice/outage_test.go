@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluice-rl/sluice/backend"
 	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
 )
@@ -536,7 +537,7 @@ func checkTable(t *testing.T, srv *dynamodbtest.Server, table string) {
 		t.Fatal(err)
 	}
 	buckets := 0
-	if err := a.AllBuckets(t.Context(), func(b ddb.Bucket) error {
+	if err := a.AllBuckets(t.Context(), func(b backend.Bucket) error {
 		buckets++
 		for _, v := range b.Violations(time.Now().UnixMilli(), 0) {
 			t.Error(v)

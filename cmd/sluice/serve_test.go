@@ -378,7 +378,7 @@ func TestServeOnDynamoDB(t *testing.T) {
 			t.Errorf("%s = %v\n%s", k, got[k], raw)
 		}
 	}
-	checkMetricsDocumented(t, got, true)
+	checkMetricsDocumented(t, got, "dynamodb")
 
 	// What DynamoDB cost is visible on /debug/config.
 	view := s.describe()

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluice-rl/sluice/backend"
 	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
 )
@@ -263,7 +264,7 @@ func TestSoak(t *testing.T) {
 	var violations []string
 	buckets, limits := 0, 0
 	consumed := map[string]uint64{}
-	if err := a.AllBuckets(t.Context(), func(b ddb.Bucket) error {
+	if err := a.AllBuckets(t.Context(), func(b backend.Bucket) error {
 		buckets++
 		limits += len(b.Limits)
 		violations = append(violations, b.Violations(time.Now().UnixMilli(), 0)...)

@@ -18,7 +18,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -49,6 +51,15 @@ type Options struct {
 	// Password, when set, is required of clients (requirepass); the
 	// harness's own connections send it.
 	Password string
+	// Sentinel, when set, runs a Sentinel instead of a server, watching
+	// the primary named Name at Primary (a quorum of one).
+	Sentinel *Sentinel
+}
+
+// Sentinel is what a Sentinel watches.
+type Sentinel struct {
+	Name    string
+	Primary *Server
 }
 
 // TLSFiles are the PEM files of a TLS server.
@@ -93,7 +104,19 @@ func (s *Server) start(ctx context.Context) error {
 	if s.opts.Password != "" {
 		port = append(port, "--requirepass", s.opts.Password)
 	}
-	args := append(port, "--bind", "127.0.0.1", "--dir", s.dir,
+	var args []string
+	if sn := s.opts.Sentinel; sn != nil {
+		// A Sentinel rewrites its configuration file, so it needs one.
+		conf := filepath.Join(s.dir, "sentinel-"+strconv.Itoa(s.port)+".conf")
+		text := fmt.Sprintf("port %d\nbind 127.0.0.1\nsentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 1000\n",
+			s.port, sn.Name, sn.Primary.port, sn.Name)
+		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+			return fmt.Errorf("redistest: %w", err)
+		}
+		args = []string{conf, "--sentinel"}
+		port = nil
+	}
+	args = append(append(args, port...), "--bind", "127.0.0.1", "--dir", s.dir,
 		"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no", "--loglevel", "warning")
 	for i := 0; i+1 < len(s.opts.Config); i += 2 {
 		args = append(args, "--"+s.opts.Config[i], s.opts.Config[i+1])
