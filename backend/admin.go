@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -33,6 +34,44 @@ type Entity struct {
 	Name    string
 	Parent  string
 	Cascade bool
+}
+
+// Validate reports whether e can be stored: it has a name, is not its
+// own parent, and cascades only to a parent it names.
+func (e Entity) Validate() error {
+	switch {
+	case e.Name == "":
+		return errors.New("an entity needs a name")
+	case e.Parent == e.Name:
+		return fmt.Errorf("entity %q cannot be its own parent", e.Name)
+	case e.Cascade && e.Parent == "":
+		return fmt.Errorf("entity %q: cascade needs a parent", e.Name)
+	}
+	return nil
+}
+
+// ConfigRecords lets Resolve read the records through a store's reader of
+// stored configs (an operator's tool, which reads afresh, uncached).
+type ConfigRecords func(ctx context.Context, k RecordKey) (Config, bool, error)
+
+func (f ConfigRecords) record(ctx context.Context, k RecordKey) (Record, bool, error) {
+	c, ok, err := f(ctx, k)
+	return Record{Limits: c.Limits, Synced: c.TTL != 0}, ok, err
+}
+
+// Entity implements Records.
+func (f ConfigRecords) Entity(ctx context.Context, entity, resource string) (Record, bool, error) {
+	return f.record(ctx, EntityKey(entity, resource))
+}
+
+// Resource implements Records.
+func (f ConfigRecords) Resource(ctx context.Context, resource string) (Record, bool, error) {
+	return f.record(ctx, ResourceKey(resource))
+}
+
+// System implements Records.
+func (f ConfigRecords) System(ctx context.Context) (Record, bool, error) {
+	return f.record(ctx, SystemKey())
 }
 
 // Bucket is a bucket as stored: the state of each limit at its own refill

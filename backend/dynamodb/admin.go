@@ -348,25 +348,5 @@ func (a *Admin) query(ctx context.Context, in *dynamodb.QueryInput, fn func(map[
 // the four levels, from the table alone (the rule files' limits for the
 // resource are not known here).
 func (a *Admin) Effective(ctx context.Context, entity, resource string) (backend.Resolved, error) {
-	return backend.Resolve(ctx, adminRecords{a}, entity, resource, nil)
-}
-
-// adminRecords lets Resolve read through an Admin.
-type adminRecords struct{ a *Admin }
-
-func (r adminRecords) record(ctx context.Context, k backend.RecordKey) (backend.Record, bool, error) {
-	c, ok, err := r.a.GetConfig(ctx, k)
-	return backend.Record{Limits: c.Limits, Synced: c.TTL != 0}, ok, err
-}
-
-func (r adminRecords) Entity(ctx context.Context, entity, resource string) (backend.Record, bool, error) {
-	return r.record(ctx, backend.EntityKey(entity, resource))
-}
-
-func (r adminRecords) Resource(ctx context.Context, resource string) (backend.Record, bool, error) {
-	return r.record(ctx, backend.ResourceKey(resource))
-}
-
-func (r adminRecords) System(ctx context.Context) (backend.Record, bool, error) {
-	return r.record(ctx, backend.SystemKey())
+	return backend.Resolve(ctx, backend.ConfigRecords(a.GetConfig), entity, resource, nil)
 }

@@ -34,14 +34,8 @@ func decodeEntity(av map[string]types.AttributeValue) backend.Entity {
 
 // PutEntity writes e's META item, replacing what was there.
 func (a *Admin) PutEntity(ctx context.Context, e backend.Entity) error {
-	if e.Name == "" {
-		return errors.New("an entity needs a name")
-	}
-	if e.Parent == e.Name {
-		return fmt.Errorf("entity %q cannot be its own parent", e.Name)
-	}
-	if e.Cascade && e.Parent == "" {
-		return fmt.Errorf("entity %q: cascade needs a parent", e.Name)
+	if err := e.Validate(); err != nil {
+		return err
 	}
 	if _, err := a.api.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(a.table), Item: metaItem(a.keys, e)}); err != nil {
 		return fmt.Errorf("writing META of %q: %w", e.Name, err)

@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -20,14 +19,8 @@ import (
 // hash tag: the serving replicas start them full there once their config
 // cache lets them see the change, and the old ones expire by their TTL.
 func (a *Admin) PutEntity(ctx context.Context, e backend.Entity) error {
-	if e.Name == "" {
-		return errors.New("an entity needs a name")
-	}
-	if e.Parent == e.Name {
-		return fmt.Errorf("entity %q cannot be its own parent", e.Name)
-	}
-	if e.Cascade && e.Parent == "" {
-		return fmt.Errorf("entity %q: cascade needs a parent", e.Name)
+	if err := e.Validate(); err != nil {
+		return err
 	}
 	// The name in the clear, as on a config: a key segment past
 	// keyseg.MaxLen bytes is a hash.
