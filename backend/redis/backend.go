@@ -38,10 +38,12 @@ type Options struct {
 	// was given (0: never expires), so the TTL distribution can be
 	// monitored (ADR-031).
 	OnBucketWrite func(ttl time.Duration)
-	// MaxBatch bounds how many of this replica's decisions on one bucket
-	// are decided together in one run of the script (128). While a run
-	// for a bucket is in flight, later decisions for it wait and then go
-	// together. 1 turns sharing off: each decision runs on its own.
+	// MaxBatch bounds how many of this replica's decisions are decided
+	// together in one run of the script (128). While a run is in flight
+	// (on a Cluster: a run for the same hash tag), later decisions wait
+	// and then go together, whatever buckets they are on: one round trip
+	// and one script for all of them. 1 turns sharing off: each decision
+	// runs on its own, at once.
 	MaxBatch int
 	// Call, when set, runs each Redis round trip (op "EVALSHA" for a
 	// decision's script, "HGETALL" for a batch of config reads), so that
@@ -85,6 +87,9 @@ type Backend struct {
 	stats   *Stats
 	// batches is nil when sharing is off (MaxBatch 1).
 	batches *batcher
+	// cluster: the client is a Redis Cluster's, whose scripts may only
+	// touch keys of one slot.
+	cluster bool
 }
 
 // New returns a Backend on client. It does not call Redis; see Ping.
@@ -106,19 +111,19 @@ func New(client rueidis.Client, opts Options) (*Backend, error) {
 		opts.MaxBatch = 128
 	}
 	stats := &Stats{}
-	var batches *batcher
-	if opts.MaxBatch > 1 {
-		batches = newBatcher(opts.MaxBatch)
-	}
-	return &Backend{
-		batches: batches,
+	b := &Backend{
+		cluster: client.Mode() == rueidis.ClientModeCluster,
 		client:  client, keys: keys, opts: opts, stats: stats,
 		records: newRecords(client, keys, opts.round, recordcache.Options{Size: opts.ConfigCacheSize, TTL: opts.ConfigCacheTTL,
 			Now: opts.Now, Hits: &stats.CacheHits, Misses: &stats.CacheMisses}),
 		// EVALSHA, and EVAL once when the server does not know the
 		// script (after a restart or SCRIPT FLUSH).
 		script: rueidis.NewLuaScript(decideLua),
-	}, nil
+	}
+	if opts.MaxBatch > 1 {
+		b.batches = newBatcher(opts.MaxBatch, b.script1)
+	}
+	return b, nil
 }
 
 // Stats returns the backend's running totals.
@@ -219,7 +224,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	for i := range bs {
 		limits = append(limits, bs[i].limits...)
 	}
-	p := &pending{ctx: ctx, call: scriptCall{refund: req.Refund, costs: costs(req, limits)}, wake: make(chan struct{}, 1)}
+	p := &pending{ctx: ctx, call: scriptCall{refund: req.Refund, costs: costs(req, limits)}}
 	if err := b.run(ctx, bs, p); err != nil {
 		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
 	}
@@ -236,71 +241,62 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		Binding: bucket.Binding(limits, results), Level: level}, nil
 }
 
-// run decides p on the buckets bs and fills in its answer: in a batch of
-// its own, or with the other calls of this replica for the same buckets
-// and limits that arrive while one is in flight (Options.MaxBatch). It
-// returns by ctx's deadline at the latest; a batch it leads goes on for
-// its followers.
+// run decides p on the buckets bs and fills in its answer: in a run of
+// its own, or with the other calls of this replica that arrive while a
+// run of their lane is in flight (Options.MaxBatch). It returns by ctx's
+// deadline at the latest.
 func (b *Backend) run(ctx context.Context, bs []scriptBucket, p *pending) error {
+	p.buckets = bs
 	if b.batches == nil {
-		b.script1(bs, []*pending{p})
+		b.script1([]*pending{p})
 		return p.err
 	}
-	group := groupOf(bs)
-	batch, err := b.batches.enter(ctx, group, p)
-	switch {
-	case err != nil:
-		return err
-	case batch == nil: // a follower, answered
-		return p.err
-	case len(batch) == 1:
-		defer b.batches.leave(group)
-		b.script1(bs, batch)
-		return p.err
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer b.batches.leave(group)
-		b.script1(bs, batch)
-	}()
-	select {
-	case <-done:
-		return p.err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return b.batches.do(ctx, b.lane(bs), p)
 }
 
-// script1 runs the script once for batch (of calls on the buckets bs)
-// and answers every call of it, waking the followers.
-func (b *Backend) script1(bs []scriptBucket, batch []*pending) {
-	ctxs := make([]context.Context, len(batch))
-	calls := make([]scriptCall, len(batch))
-	for i, p := range batch {
-		ctxs[i], calls[i] = p.ctx, p.call
+// lane names the calls that may share a run of the script: on one Redis,
+// all of them; on a Cluster, whose scripts may only touch one slot, those
+// whose buckets share a hash tag (a cascade's buckets share one).
+func (b *Backend) lane(bs []scriptBucket) string {
+	if !b.cluster {
+		return ""
 	}
+	return hashTag(bs[0].key)
+}
+
+// script1 runs the script once for batch and answers every call of it,
+// waking the followers. Calls on the same buckets under the same limits
+// form one group, decided in arrival order.
+func (b *Backend) script1(batch []*pending) {
+	ctxs := make([]context.Context, len(batch))
+	for i, p := range batch {
+		ctxs[i] = p.ctx
+	}
+	groups, at := groupCalls(batch)
 	ctx, cancel := backend.BatchContext(ctxs)
 	defer cancel()
 	now := b.opts.Now()
-	keys, argv := scriptArgs(now, bs, calls)
+	keys, argv := scriptArgs(now, groups)
 	b.stats.Scripts.Add(1)
 	b.stats.Coalesced.Add(uint64(len(batch) - 1))
-	var reply []string
+	var reply []rueidis.RedisMessage
 	err := b.opts.round(ctx, "EVALSHA", func(ctx context.Context) (err error) {
-		reply, err = b.script.Exec(ctx, b.client, keys, argv).AsStrSlice()
+		reply, err = b.script.Exec(ctx, b.client, keys, argv).ToArray()
 		return err
 	})
-	var r scriptReply
+	var rs []groupReply
 	if err != nil {
 		b.stats.ScriptErrors.Add(1)
 	} else {
-		r, err = parseReply(len(calls[0].costs), len(calls), reply)
+		rs, err = parseReply(groups, reply)
 	}
 	for i, p := range batch {
 		p.now, p.err = now, err
 		if err == nil {
-			p.allowed, p.after = r.allowed[i], r.after[i]
+			r := rs[at[i].group]
+			if p.err = r.err; p.err == nil {
+				p.allowed, p.after = r.allowed[at[i].call], r.after[at[i].call]
+			}
 		}
 		if p.follower {
 			p.wake <- struct{}{}
@@ -308,9 +304,34 @@ func (b *Backend) script1(bs []scriptBucket, batch []*pending) {
 	}
 }
 
-// groupOf names the calls that may share a batch: those on the same
-// buckets with the same limits and TTLs, for which one run of the script
-// is right.
+// callAt is where a call of a batch went: its group, and its place there.
+type callAt struct{ group, call int }
+
+// groupCalls sorts batch's calls into groups, in order of first arrival,
+// each call in arrival order in its group, and says where each went.
+func groupCalls(batch []*pending) ([]scriptGroup, []callAt) {
+	at := make([]callAt, len(batch))
+	if len(batch) == 1 {
+		return []scriptGroup{{buckets: batch[0].buckets, calls: []scriptCall{batch[0].call}}}, at
+	}
+	var groups []scriptGroup
+	index := make(map[string]int, len(batch))
+	for i, p := range batch {
+		name := groupOf(p.buckets)
+		g, ok := index[name]
+		if !ok {
+			g = len(groups)
+			index[name] = g
+			groups = append(groups, scriptGroup{buckets: p.buckets})
+		}
+		at[i] = callAt{group: g, call: len(groups[g].calls)}
+		groups[g].calls = append(groups[g].calls, p.call)
+	}
+	return groups, at
+}
+
+// groupOf names the calls that are one group of a run: those on the same
+// buckets with the same limits and TTLs.
 func groupOf(bs []scriptBucket) string {
 	var sb strings.Builder
 	for _, x := range bs {

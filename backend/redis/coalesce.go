@@ -8,41 +8,51 @@ import (
 	"github.com/sluice-rl/sluice/backend/bucket"
 )
 
-// batcher coalesces this replica's decisions on one bucket (or one
-// cascade's pair of buckets) into batches: while a batch's script is in
-// flight, later decisions for the same buckets and limits wait; when it
-// returns, the waiting ones go together, the first of them leading, in
-// one run of the script, decided in arrival order. A hot bucket then
-// costs one round trip per batch however many callers it has, and Redis
-// runs one script for all of them; a bucket nobody else is deciding on
-// goes at once, as it would alone.
+// batcher coalesces this replica's decisions into batches, per lane (on
+// one Redis a single lane; on a Cluster one per hash tag, as a script may
+// touch one slot only). A decision that finds its lane idle goes at once,
+// in a run of its own, as it would alone. While a run is in flight, later
+// decisions of its lane queue; when it returns, whoever ran it runs the
+// queued ones (up to max) together in one run, each bucket's decided in
+// arrival order, and so on while the queue refills. A replica's load then
+// costs one round trip per batch however many callers and buckets it
+// has, and Redis runs one script for all of them, which saves Redis most
+// of its work per decision and the replica most of its system calls.
+//
+// The next batch goes out as soon as the last one is answered, from the
+// goroutine that ran it: handing the lead to a waiting caller instead
+// would put the next round trip behind every answered caller's work in
+// the scheduler's queue, which under load is most of a round trip again.
 //
 // The mutex guards the map and the queues only; nobody holds it while
-// waiting or talking to Redis, and a group nobody is deciding on is
+// waiting or talking to Redis, and a lane nobody is deciding on is
 // dropped.
 type batcher struct {
 	mu sync.Mutex
 	m  map[string]*waiters
 	// max bounds the calls of one batch.
 	max int
+	// run decides a batch, fills in each call's answer and wakes the
+	// followers.
+	run func(batch []*pending)
 }
 
-// waiters are the calls of one group waiting for its batch in flight;
-// the group's presence in the map means a batch is in flight.
+// waiters are the calls of one lane waiting for the next run; the lane's
+// presence in the map means a run is in flight.
 type waiters struct{ queue []*pending }
 
-// pending is one decision passing through the batcher. The fields below
-// wake are written by whoever hands the call over or answers it, before
-// it sends on wake, and read by the call's goroutine after.
+// pending is one decision passing through the batcher. The answer's
+// fields are written by whoever runs its batch, before it sends on wake,
+// and read by the call's goroutine after.
 type pending struct {
-	ctx  context.Context
-	call scriptCall
-	// wake receives once: the call leads a batch, or (follower) its
+	ctx context.Context
+	// buckets are the buckets the call is on, call what it costs them.
+	buckets []scriptBucket
+	call    scriptCall
+	// follower: the call waits in a queue, and wake receives once its
 	// answer is in.
-	wake chan struct{}
-
-	batch    []*pending // when it leads: itself first, then its followers
 	follower bool
+	wake     chan struct{}
 
 	// The answer.
 	now     int64
@@ -51,67 +61,64 @@ type pending struct {
 	err     error
 }
 
-func newBatcher(max int) *batcher {
-	return &batcher{m: map[string]*waiters{}, max: max}
+func newBatcher(max int, run func([]*pending)) *batcher {
+	return &batcher{m: map[string]*waiters{}, max: max, run: run}
 }
 
-// enter returns the batch p leads (itself first), at once when no batch
-// of its group is in flight, else when the one in flight hands over. A
-// nil batch and nil error mean another call's batch answered p; an error
-// means ctx ended first, and p may or may not be charged by a batch that
-// took it just then (the bucket loses at most its tokens, never gains).
-func (q *batcher) enter(ctx context.Context, group string, p *pending) ([]*pending, error) {
+// do decides p, at once when its lane is idle, else in the lane's next
+// batch, and returns by ctx's deadline at the latest. A call that gives up
+// while its batch is in flight may still be charged by it (the bucket
+// loses at most its tokens, never gains).
+func (q *batcher) do(ctx context.Context, lane string, p *pending) error {
 	q.mu.Lock()
-	w, busy := q.m[group]
+	w, busy := q.m[lane]
 	if !busy {
-		q.m[group] = &waiters{}
+		q.m[lane] = &waiters{}
 		q.mu.Unlock()
-		return []*pending{p}, nil
+		q.run([]*pending{p})
+		if batch := q.next(lane); batch != nil {
+			// The callers queued meanwhile go on in a goroutine of
+			// their own, so that this one answers now.
+			go q.drain(lane, batch)
+		}
+		return p.err
 	}
+	p.follower, p.wake = true, make(chan struct{}, 1)
 	w.queue = append(w.queue, p)
 	q.mu.Unlock()
 	select {
 	case <-p.wake:
-		if p.follower {
-			return nil, nil
-		}
-		return p.batch, nil
+		return p.err
 	case <-ctx.Done():
 	}
 	q.mu.Lock()
 	if i := slices.Index(w.queue, p); i >= 0 {
 		w.queue = slices.Delete(w.queue, i, i+1)
-		q.mu.Unlock()
-		return nil, ctx.Err()
 	}
-	follower := p.follower
 	q.mu.Unlock()
-	if follower {
-		return nil, ctx.Err()
-	}
-	// Handed the lead just as ctx ended: the followers may have later
-	// deadlines, so the batch still runs.
-	<-p.wake
-	return p.batch, nil
+	return ctx.Err()
 }
 
-// leave hands group's waiting calls, as one batch, to the first of them,
-// or forgets the group when nobody waits.
-func (q *batcher) leave(group string) {
+// drain runs lane's batches, batch first, until nobody waits.
+func (q *batcher) drain(lane string, batch []*pending) {
+	for batch != nil {
+		q.run(batch)
+		batch = q.next(lane)
+	}
+}
+
+// next takes the next batch of lane's waiting calls, or forgets the lane
+// when nobody waits.
+func (q *batcher) next(lane string) []*pending {
 	q.mu.Lock()
-	w := q.m[group]
+	defer q.mu.Unlock()
+	w := q.m[lane]
 	if len(w.queue) == 0 {
-		delete(q.m, group)
-		q.mu.Unlock()
-		return
+		delete(q.m, lane)
+		return nil
 	}
 	n := min(len(w.queue), q.max)
-	head := w.queue[0]
-	head.batch = slices.Clone(w.queue[:n])
-	for _, f := range head.batch[1:] {
-		f.follower = true
-	}
+	batch := slices.Clone(w.queue[:n])
 	w.queue = slices.Delete(w.queue, 0, n)
-	q.mu.Unlock()
-	head.wake <- struct{}{}
+	return batch
 }

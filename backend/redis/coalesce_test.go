@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -158,4 +159,135 @@ func TestCoalescedCallerGivesUpAlone(t *testing.T) {
 			t.Errorf("call %d with 5 s: %v", i, err)
 		}
 	}
+}
+
+// A replica's concurrent decisions share runs of the script whatever
+// buckets they are on, and every bound holds: three replicas behind a
+// link of 2 ms, 16 callers each on 16 buckets (100 tokens each, no
+// refill) that all cascade to one parent (600 tokens), admit exactly 600
+// of 2,880 requests, no bucket more than its 100, in far fewer runs than
+// decisions. On a Cluster, where a run may touch one slot only, runs
+// are shared per hash tag (here every bucket's own, with no parent):
+// nothing crosses slots, and each bucket admits exactly its 100.
+func TestCoalescedAcrossBuckets(t *testing.T) {
+	clk := newFakeClock() // no refill: the bounds are the bursts, exactly
+	child := []bucket.Limit{{Name: "burst", Amount: 0, Period: bucket.Second, Burst: 100 * bucket.Milli}}
+	parent := []bucket.Limit{{Name: "burst", Amount: 0, Period: bucket.Second, Burst: 600 * bucket.Milli}}
+	const replicas, callers, perCaller, buckets = 3, 16, 60, 16
+
+	// load runs every replica's callers, caller i on bucket i%buckets,
+	// and returns how many were allowed per bucket.
+	load := func(t *testing.T, bes []*Backend, cascade bool) [buckets]int64 {
+		t.Helper()
+		var allowed [buckets]atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, replicas*callers)
+		for _, b := range bes {
+			for i := range callers {
+				wg.Go(func() {
+					for range perCaller {
+						req := backend.Request{Entity: "e" + strconv.Itoa(i%buckets), Resource: "chat", Hits: 1, Defaults: child}
+						if cascade {
+							req.Parent = "org"
+						}
+						ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+						d, err := b.Decide(ctx, &req)
+						cancel()
+						if err != nil {
+							errs <- err
+							return
+						}
+						if d.Allowed {
+							allowed[i%buckets].Add(1)
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		var out [buckets]int64
+		for i := range out {
+			out[i] = allowed[i].Load()
+		}
+		return out
+	}
+	runs := func(bes []*Backend) (scripts uint64) {
+		for _, b := range bes {
+			scripts += b.Stats().Scripts.Load()
+		}
+		return scripts
+	}
+	const decisions = replicas * callers * perCaller
+
+	t.Run("one Redis", func(t *testing.T) {
+		srv := redistest.Require(t)
+		proxy, err := faultproxy.New(srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { proxy.Close() })
+		putRecord(t, srv, Keys{}.EntityConfig("org", "chat"), parent)
+		var bes []*Backend
+		for range replicas {
+			client, err := Dial(context.Background(), Conn{URL: "redis://" + proxy.Addr()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(client.Close)
+			bes = append(bes, newBackend(t, client, Options{Now: clk.now}))
+		}
+		// The config records are read before the link slows, so that
+		// the runs counted are the decisions'.
+		for _, b := range bes {
+			req := backend.Request{Entity: "e0", Resource: "chat", Parent: "org", Defaults: child}
+			if _, err := b.Decide(context.Background(), &req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		proxy.SetDelay(2 * time.Millisecond)
+		before := runs(bes)
+		allowed := load(t, bes, true)
+		var total int64
+		for i, n := range allowed {
+			total += n
+			if n > 100 {
+				t.Errorf("bucket e%d admitted %d, over its 100", i, n)
+			}
+		}
+		if total != 600 {
+			t.Errorf("%d of %d admitted (%v), want the parent's 600", total, decisions, allowed)
+		}
+		scripts := runs(bes) - before
+		t.Logf("%d decisions on %d buckets in %d runs of the script", decisions, buckets, scripts)
+		// A run goes out as the one before it returns, so its callers
+		// make the one after: each replica's 16 callers alternate in two
+		// batches of about 8. Alone, each decision would be a run.
+		if scripts > decisions/4 {
+			t.Errorf("%d runs for %d decisions on %d buckets: not coalesced across buckets", scripts, decisions, buckets)
+		}
+	})
+
+	t.Run("Cluster", func(t *testing.T) {
+		cluster := redistest.RequireCluster(t, 3)
+		var bes []*Backend
+		for range replicas {
+			client, err := Dial(context.Background(), Conn{URL: cluster.URL()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(client.Close)
+			bes = append(bes, newBackend(t, client, Options{Now: clk.now}))
+		}
+		allowed := load(t, bes, false)
+		for i, n := range allowed {
+			if n != 100 {
+				t.Errorf("bucket e%d admitted %d, want its 100", i, n)
+			}
+		}
+		t.Logf("%d decisions on %d hash tags in %d runs of the script", decisions, buckets, runs(bes))
+	})
 }

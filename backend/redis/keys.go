@@ -2,6 +2,7 @@ package redis
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/sluice-rl/sluice/backend/keyseg"
 )
@@ -82,3 +83,18 @@ func (k Keys) SystemConfig() string { return k.base() + ":c:s" }
 
 // Meta is the key of entity's META.
 func (k Keys) Meta(entity string) string { return k.base() + ":m:" + seg(entity) }
+
+// hashTag is the part of key Redis Cluster hashes to pick its slot: what
+// the first '{' and the next '}' enclose, when that is not empty, else
+// the whole key.
+func hashTag(key string) string {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return key
+	}
+	n := strings.IndexByte(key[open+1:], '}')
+	if n <= 0 {
+		return key
+	}
+	return key[open+1 : open+1+n]
+}

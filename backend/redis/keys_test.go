@@ -5,20 +5,6 @@ import (
 	"testing"
 )
 
-// hashTag is the part of key Redis Cluster hashes: between the first '{'
-// and the first '}' after it, when that is not empty.
-func hashTag(key string) string {
-	i := strings.IndexByte(key, '{')
-	if i < 0 {
-		return key
-	}
-	j := strings.IndexByte(key[i+1:], '}')
-	if j <= 0 {
-		return key
-	}
-	return key[i+1 : i+1+j]
-}
-
 // Distinct (entity, resource) pairs never share a key, whatever bytes
 // they hold; a cascade's two buckets share a hash tag; configuration and
 // buckets never meet; prefixes separate deployments.
@@ -55,6 +41,22 @@ func TestKeys(t *testing.T) {
 	for _, bad := range []string{"a:b", "{x}", strings.Repeat("p", 65), "a b"} {
 		if _, err := NewKeys(bad); err == nil {
 			t.Errorf("prefix %q accepted", bad)
+		}
+	}
+}
+
+// hashTag reads a key as Redis Cluster does to pick its slot.
+func TestHashTag(t *testing.T) {
+	for key, want := range map[string]string{
+		"sluice:b:{org}:u:r": "org",
+		"a{b}c{d}":           "b",
+		"a}{b}":              "b",
+		"a{}b{c}":            "a{}b{c}", // an empty tag is none: the whole key
+		"a{b":                "a{b",
+		"plain":              "plain",
+	} {
+		if got := hashTag(key); got != want {
+			t.Errorf("hashTag(%q) = %q, want %q", key, got, want)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/redis/rueidis"
@@ -15,23 +16,38 @@ import (
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
 )
 
-// runScript runs decideLua for calls on bs on a real server.
-func runScript(t *testing.T, c rueidis.Client, now int64, bs []scriptBucket, calls []scriptCall) scriptReply {
+// runScript runs decideLua for groups on a real server.
+func runScript(t *testing.T, c rueidis.Client, now int64, groups []scriptGroup) []groupReply {
 	t.Helper()
-	keys, argv := scriptArgs(now, bs, calls)
-	reply, err := rueidis.NewLuaScript(decideLua).Exec(context.Background(), c, keys, argv).AsStrSlice()
+	keys, argv := scriptArgs(now, groups)
+	reply, err := rueidis.NewLuaScript(decideLua).Exec(context.Background(), c, keys, argv).ToArray()
 	if err != nil {
 		t.Fatalf("script: %v", err)
 	}
-	n := 0
-	for _, b := range bs {
-		n += len(b.limits)
-	}
-	r, err := parseReply(n, len(calls), reply)
+	r, err := parseReply(groups, reply)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// consumed is what the bucket at key has recorded as consumed by each of
+// limits.
+func consumed(t *testing.T, srv *redistest.Server, key string, limits []bucket.Limit) []int64 {
+	t.Helper()
+	out := make([]int64, len(limits))
+	for i, l := range limits {
+		v, err := srv.Do(context.Background(), "HGET", key, "b_"+l.Name+"_tc")
+		if err != nil { // a missing field reads as ""
+			t.Fatal(err)
+		}
+		if v != "" {
+			if out[i], err = strconv.ParseInt(v, 10, 64); err != nil {
+				t.Fatalf("%s consumed %q: %v", key, v, err)
+			}
+		}
+	}
+	return out
 }
 
 func newClient(t *testing.T, srv *redistest.Server) rueidis.Client {
@@ -136,14 +152,15 @@ func TestScriptDecidesAsBucket(t *testing.T) {
 				ttl = 1 + r.Int64N(86_400_000)
 			}
 			sb := scriptBucket{key: key, cfg: fmt.Sprint(limits), limits: limits, ttlMs: ttl}
-			r := runScript(t, c, now, []scriptBucket{sb}, []scriptCall{{refund: refund, costs: costs}})
+			r := runScript(t, c, now, []scriptGroup{{buckets: []scriptBucket{sb}, calls: []scriptCall{{refund: refund, costs: costs}}}})[0]
 			where := fmt.Sprintf("run %d step %d: limits %v, %d hits, refund %v, at %d", run, step, limits, hits, refund, now)
 			if r.allowed[0] != allowed {
 				t.Fatalf("%s: script allowed %v, bucket %v", where, r.allowed[0], allowed)
 			}
 			got := make([]bucket.State, len(limits))
+			tc := consumed(t, srv, key, limits)
 			for i, a := range r.after[0] {
-				got[i] = bucket.State{Tokens: a.Tokens, Clock: a.Clock, Consumed: r.consumed[i]}
+				got[i] = bucket.State{Tokens: a.Tokens, Clock: a.Clock, Consumed: tc[i]}
 			}
 			if !slices.Equal(got, states) {
 				t.Fatalf("%s:\n script states %+v\n bucket states %+v\n stored %+v", where, got, states, stored)
@@ -163,76 +180,147 @@ func TestScriptDecidesAsBucket(t *testing.T) {
 	}
 }
 
-// A batch of calls is decided as backend/bucket decides them one after
-// the other at one time: each all or nothing over every limit of both
-// buckets of a cascade, against what the calls before it left, refunds
-// among them; the states after each call, the consumed totals after the
-// batch and what is written (nothing when no call took or gave back a
-// token) are Go's.
-func TestScriptDecidesABatchInOrder(t *testing.T) {
+// A run of several groups is decided as backend/bucket decides their
+// calls one after the other at one time: the groups in order, each on
+// its buckets as the groups before it left them (the same bucket may be
+// in several, alone, in a cascade, or under limits changed between
+// them), each call all or nothing over every limit of its group's
+// buckets, refunds among them; every state after every call, the
+// consumed totals, the TTLs and what is written (nothing for a group
+// where no call took or gave back a token) are Go's. A group whose key
+// holds a string fails alone, and changes nothing.
+func TestScriptDecidesGroupsInOrder(t *testing.T) {
 	srv := redistest.Require(t)
 	c := newClient(t, srv)
 	ctx := context.Background()
 	r := rand.New(rand.NewPCG(5, 9))
 	now := int64(1_700_000_000_000)
-	for run := range 300 {
-		bs := []scriptBucket{{key: "batch:" + strconv.Itoa(run) + ":child", limits: randomLimits(r)}}
-		if r.IntN(2) == 0 {
-			bs = append(bs, scriptBucket{key: "batch:" + strconv.Itoa(run) + ":parent", limits: randomLimits(r)})
+	const poisoned = "batch:poisoned"
+	if _, err := srv.Do(ctx, "SET", poisoned, "not a hash"); err != nil {
+		t.Fatal(err)
+	}
+	for run := range 150 {
+		// A few buckets, each with the limits it was last written under
+		// in Go's model (none: it does not exist).
+		keys := []string{"batch:" + strconv.Itoa(run) + ":a", "batch:" + strconv.Itoa(run) + ":b", "batch:" + strconv.Itoa(run) + ":c"}
+		current := map[string][]bucket.Limit{}
+		for _, k := range keys {
+			current[k] = randomLimits(r)
 		}
-		var limits []bucket.Limit
-		for i := range bs {
-			bs[i].cfg = fmt.Sprint(bs[i].limits)
-			bs[i].ttlMs = 60_000
-			limits = append(limits, bs[i].limits...)
-		}
-		states := make([]bucket.State, len(limits))
-		for i, l := range limits {
-			states[i] = bucket.Full(l, now)
-		}
+		model := map[string]*modelBucket{}
 		for round := range 3 {
 			now += r.Int64N(5000)
-			calls := make([]scriptCall, 1+r.IntN(10))
-			var want [][]int64 // per call: allowed (1 or 0), then each limit's tokens and clock after it
-			wrote := false
-			for i := range calls {
-				req := backend.Request{Hits: uint64(r.IntN(4)), Refund: r.IntN(8) == 0}
-				if r.IntN(6) == 0 {
-					req.Hits = r.Uint64N(uint64(bucket.MaxTokens))
+			groups := make([]scriptGroup, 1+r.IntN(5))
+			var want [][][]int64 // per group, per call: allowed (1 or 0), then each limit's tokens and clock after it
+			failing := make([]bool, len(groups))
+			for gi := range groups {
+				// A bucket, or a cascade's two; at times with new limits,
+				// at times the poisoned key.
+				picked := []string{keys[r.IntN(len(keys))]}
+				if r.IntN(2) == 0 {
+					if other := keys[r.IntN(len(keys))]; other != picked[0] {
+						picked = append(picked, other)
+					}
 				}
-				calls[i] = scriptCall{refund: req.Refund, costs: costs(&req, limits)}
-				_, allowed := backend.Apply(&req, limits, states, now)
-				wrote = wrote || req.Refund || (allowed && req.Hits > 0)
-				after := []int64{b2i(allowed)}
-				for _, s := range states {
-					after = append(after, s.Tokens, s.Clock)
+				var bs []scriptBucket
+				var limits []bucket.Limit
+				var states []bucket.State
+				for _, k := range picked {
+					if r.IntN(6) == 0 {
+						current[k] = randomLimits(r)
+					}
+					ls := current[k]
+					bs = append(bs, scriptBucket{key: k, cfg: bucket.Fingerprint(ls), limits: ls, ttlMs: 1 + r.Int64N(600_000)})
+					limits = append(limits, ls...)
+					if m := model[k]; m != nil {
+						states = append(states, bucket.Reconcile(m.limits, slices.Clone(m.states), ls, now)...)
+					} else {
+						for _, l := range ls {
+							states = append(states, bucket.Full(l, now))
+						}
+					}
 				}
-				want = append(want, after)
+				if r.IntN(10) == 0 {
+					failing[gi] = true
+					bs = append(bs, scriptBucket{key: poisoned, cfg: "x", limits: []bucket.Limit{{Name: "p", Amount: 1000, Period: 1000, Burst: 1000}}, ttlMs: 1000})
+					limits = append(limits, bs[len(bs)-1].limits...)
+					states = append(states, bucket.Full(bs[len(bs)-1].limits[0], now))
+				}
+				calls := make([]scriptCall, 1+r.IntN(6))
+				var wantCalls [][]int64
+				wrote := false
+				for i := range calls {
+					req := backend.Request{Hits: uint64(r.IntN(4)), Refund: r.IntN(8) == 0}
+					if r.IntN(6) == 0 {
+						req.Hits = r.Uint64N(uint64(bucket.MaxTokens))
+					}
+					calls[i] = scriptCall{refund: req.Refund, costs: costs(&req, limits)}
+					_, allowed := backend.Apply(&req, limits, states, now)
+					wrote = wrote || req.Refund || (allowed && req.Hits > 0)
+					after := []int64{b2i(allowed)}
+					for _, s := range states {
+						after = append(after, s.Tokens, s.Clock)
+					}
+					wantCalls = append(wantCalls, after)
+				}
+				groups[gi] = scriptGroup{buckets: bs, calls: calls}
+				want = append(want, wantCalls)
+				if wrote && !failing[gi] {
+					at := 0
+					for _, b := range bs {
+						model[b.key] = &modelBucket{limits: b.limits, states: slices.Clone(states[at : at+len(b.limits)])}
+						at += len(b.limits)
+					}
+				}
 			}
-			got := runScript(t, c, now, bs, calls)
-			where := fmt.Sprintf("run %d round %d: limits %v, calls %+v", run, round, limits, calls)
-			for i := range calls {
-				g := []int64{b2i(got.allowed[i])}
-				for _, s := range got.after[i] {
-					g = append(g, s.Tokens, s.Clock)
+			got := runScript(t, c, now, groups)
+			for gi, g := range got {
+				where := fmt.Sprintf("run %d round %d group %d of %d: %+v", run, round, gi, len(groups), groups[gi])
+				if failing[gi] {
+					if g.err == nil || !strings.Contains(g.err.Error(), "WRONGTYPE") {
+						t.Fatalf("%s: a group on a string key answered %v", where, g.err)
+					}
+					continue
 				}
-				if !slices.Equal(g, want[i]) {
-					t.Fatalf("%s: call %d: script %v, bucket %v", where, i, g, want[i])
+				if g.err != nil {
+					t.Fatalf("%s: %v", where, g.err)
+				}
+				for i := range groups[gi].calls {
+					x := []int64{b2i(g.allowed[i])}
+					for _, s := range g.after[i] {
+						x = append(x, s.Tokens, s.Clock)
+					}
+					if !slices.Equal(x, want[gi][i]) {
+						t.Fatalf("%s: call %d: script %v, bucket %v", where, i, x, want[gi][i])
+					}
 				}
 			}
-			for i, s := range states {
-				if got.consumed[i] != s.Consumed {
-					t.Fatalf("%s: limit %d consumed %d, bucket %d", where, i, got.consumed[i], s.Consumed)
+			for _, k := range keys {
+				m := model[k]
+				exists, err := srv.Do(ctx, "EXISTS", k)
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			exists, err := srv.Do(ctx, "EXISTS", bs[0].key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if round == 0 && wrote != (exists == "1") {
-				t.Fatalf("%s: written %v, but the key exists: %s", where, wrote, exists)
+				if (m != nil) != (exists == "1") {
+					t.Fatalf("run %d round %d: bucket %s written %v, but EXISTS says %s", run, round, k, m != nil, exists)
+				}
+				if m == nil {
+					continue
+				}
+				tc := consumed(t, srv, k, m.limits)
+				for i, s := range m.states {
+					if tc[i] != s.Consumed {
+						t.Fatalf("run %d round %d: %s limit %s consumed %d, bucket %d", run, round, k, m.limits[i].Name, tc[i], s.Consumed)
+					}
+				}
+				if n := pttl(t, srv, k); n <= 0 || n > 600_000 {
+					t.Fatalf("run %d round %d: %s PTTL %d", run, round, k, n)
+				}
 			}
 		}
+	}
+	if v, err := srv.Do(ctx, "GET", poisoned); err != nil || v != "not a hash" {
+		t.Fatalf("the poisoned key holds %q (%v)", v, err)
 	}
 }
 

@@ -128,7 +128,7 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.onBackendError, "on-backend-error", "error", "answer when the backend fails or is late: error (UNAVAILABLE), allow or deny")
 	f.Int64Var(&o.ttlMultiplier, "ttl-multiplier", backend.DefaultTTLMultiplier, "idle buckets expire after this many times their time to fill; <= 0 never")
 	f.DurationVar(&o.configCacheTTL, "config-cache-ttl", time.Minute, "dynamodb and redis backends: how long limits read from the store are reused; a change reaches the replica within this time")
-	f.BoolVar(&o.coalesceWrites, "coalesce-writes", true, "dynamodb and redis backends: decisions for a bucket that arrive while its write is in flight are decided together and written as one (redis: one run of the script)")
+	f.BoolVar(&o.coalesceWrites, "coalesce-writes", true, "dynamodb and redis backends: decisions for a bucket that arrive while its write is in flight are decided together and written as one (redis: decisions on any bucket that arrive while the script is in flight share its next run)")
 	f.DurationVar(&o.denyStaleness, "deny-staleness", time.Second, "dynamodb backend: deny without calling DynamoDB from a bucket state seen at most this long ago; 0 turns it off")
 	f.DurationVar(&o.leaseHorizon, "lease-horizon", ddb.DefaultLeaseHorizon, "dynamodb backend: how long the tokens a replica leases from a bucket should last at its own demand (most decisions then need no DynamoDB call); 0 turns leases off: every allowed decision writes")
 	f.IntVar(&o.memoryMaxBuckets, "memory-max-buckets", memory.DefaultMaxBuckets, "memory backend: most buckets held; least recently used go first")
