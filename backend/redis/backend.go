@@ -4,8 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -314,14 +313,21 @@ func groupCalls(batch []*pending) ([]scriptGroup, []callAt) {
 	if len(batch) == 1 {
 		return []scriptGroup{{buckets: batch[0].buckets, calls: []scriptCall{batch[0].call}}}, at
 	}
-	var groups []scriptGroup
-	index := make(map[string]int, len(batch))
+	groups := make([]scriptGroup, 0, len(batch))
+	// The groups whose first bucket has a key, to look among: a key
+	// rarely has more than one.
+	byKey := make(map[string][]int, len(batch))
 	for i, p := range batch {
-		name := groupOf(p.buckets)
-		g, ok := index[name]
-		if !ok {
+		g := -1
+		for _, j := range byKey[p.buckets[0].key] {
+			if sameBuckets(groups[j].buckets, p.buckets) {
+				g = j
+				break
+			}
+		}
+		if g < 0 {
 			g = len(groups)
-			index[name] = g
+			byKey[p.buckets[0].key] = append(byKey[p.buckets[0].key], g)
 			groups = append(groups, scriptGroup{buckets: p.buckets})
 		}
 		at[i] = callAt{group: g, call: len(groups[g].calls)}
@@ -330,19 +336,12 @@ func groupCalls(batch []*pending) ([]scriptGroup, []callAt) {
 	return groups, at
 }
 
-// groupOf names the calls that are one group of a run: those on the same
-// buckets with the same limits and TTLs.
-func groupOf(bs []scriptBucket) string {
-	var sb strings.Builder
-	for _, x := range bs {
-		sb.WriteString(x.key)
-		sb.WriteByte(0)
-		sb.WriteString(x.cfg)
-		sb.WriteByte(0)
-		sb.WriteString(strconv.FormatInt(x.ttlMs, 10))
-		sb.WriteByte(0)
-	}
-	return sb.String()
+// sameBuckets reports whether calls on a and on b may be one group: the
+// same buckets with the same limits and TTLs.
+func sameBuckets(a, b []scriptBucket) bool {
+	return slices.EqualFunc(a, b, func(x, y scriptBucket) bool {
+		return x.key == y.key && x.cfg == y.cfg && x.ttlMs == y.ttlMs && slices.Equal(x.limits, y.limits)
+	})
 }
 
 // costs is what req costs each of limits, or for a refund what it gives

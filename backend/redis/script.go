@@ -76,7 +76,14 @@ func scriptArgs(now int64, groups []scriptGroup) (keys, argv []string) {
 		layouts = append(layouts, b)
 		return len(layouts) - 1
 	}
-	var body []string
+	nkeys, nbody := 0, 1
+	for _, g := range groups {
+		nkeys += len(g.buckets)
+		nbody += 2 + 2*len(g.buckets) + len(g.calls)*(1+g.limits())
+	}
+	keys = make([]string, 0, nkeys)
+	body := make([]string, 0, nbody)
+	body = append(body, strconv.Itoa(len(groups)))
 	for _, g := range groups {
 		body = append(body, strconv.Itoa(len(g.buckets)))
 		for _, b := range g.buckets {
@@ -95,7 +102,11 @@ func scriptArgs(now int64, groups []scriptGroup) (keys, argv []string) {
 			}
 		}
 	}
-	argv = make([]string, 0, 3+5*len(layouts)+len(body))
+	nlayout := 0
+	for _, l := range layouts {
+		nlayout += 2 + 4*len(l.limits)
+	}
+	argv = make([]string, 0, 2+nlayout+len(body))
 	argv = append(argv, strconv.FormatInt(now, 10), strconv.Itoa(len(layouts)))
 	for _, l := range layouts {
 		argv = append(argv, l.cfg, strconv.Itoa(len(l.limits)))
@@ -104,7 +115,6 @@ func scriptArgs(now int64, groups []scriptGroup) (keys, argv []string) {
 				strconv.FormatInt(x.Burst, 10))
 		}
 	}
-	argv = append(argv, strconv.Itoa(len(groups)))
 	return keys, append(argv, body...)
 }
 
