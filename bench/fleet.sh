@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# fleet.sh: benchmark a fleet of Sluice replicas sharing one DynamoDB table.
+# fleet.sh: benchmark a fleet of Sluice replicas sharing one DynamoDB table
+# (or one Redis).
 #
 # Builds bin/sluice and bin/sluice-bench, starts DynamoDB Local in memory
 # (behind bench/delayproxy with DYNAMODB_DELAY), creates a table, starts
@@ -21,7 +22,15 @@
 #   BACKEND             dynamodb (default), or memory to run the same load
 #                       on replicas of the memory backend, for comparison
 #                       (no DynamoDB Local then; memory replicas share
-#                       nothing, so use REPLICAS=1 for a fair comparison)
+#                       nothing, so use REPLICAS=1 for a fair comparison),
+#                       or redis: a redis-server of its own instead (in
+#                       memory, on a free loopback port, refusing writes
+#                       when full rather than evicting buckets), behind
+#                       bench/delayproxy with REDIS_DELAY, and the replicas
+#                       on it with --backend redis
+#   REDIS_DELAY         with BACKEND=redis: latency put between the replicas
+#                       and redis-server, as DYNAMODB_DELAY (default 0): a
+#                       real Redis in the same region is 0.2 to 1 ms away
 #   SERVE_ARGS          extra flags for every sluice serve, word-split
 #                       (e.g. "--coalesce-writes=false --deny-staleness 0")
 #   TABLE               table name (default sluice-bench)
@@ -39,14 +48,19 @@ cd "$(dirname "$0")/.."
 replicas=${REPLICAS:-3}
 table=${TABLE:-sluice-bench}
 delay=${DYNAMODB_DELAY:-0}
+redis_delay=${REDIS_DELAY:-0}
 backend=${BACKEND:-dynamodb}
 read -r -a serve_args <<<"${SERVE_ARGS:-}"
 if ! [[ $replicas =~ ^[1-9][0-9]*$ ]]; then
 	echo "fleet.sh: REPLICAS=$replicas: want a positive number" >&2
 	exit 2
 fi
-if [[ $backend != dynamodb && $backend != memory ]]; then
-	echo "fleet.sh: BACKEND=$backend: want dynamodb or memory" >&2
+if [[ $backend != dynamodb && $backend != memory && $backend != redis ]]; then
+	echo "fleet.sh: BACKEND=$backend: want dynamodb, memory or redis" >&2
+	exit 2
+fi
+if [[ $redis_delay != 0 && $backend != redis ]]; then
+	echo "fleet.sh: REDIS_DELAY goes with BACKEND=redis" >&2
 	exit 2
 fi
 
@@ -116,7 +130,22 @@ wait_for() {
 http_ok() { curl -sf -o /dev/null "$1"; }
 http_up() { curl -s -o /dev/null "$1"; }
 
-command -v java >/dev/null || { echo "fleet.sh: java not found (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
+# redis_up PORT: whether redis-server on loopback PORT answers PING (bash's
+# /dev/tcp: redis-cli is a separate package). A subshell, so that a
+# refused connection fails the check, not the script.
+redis_up() (
+	exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+	printf 'PING\r\n' >&3
+	read -r -t 2 reply <&3 || exit 1
+	[[ $reply == +PONG* ]]
+)
+
+if [[ $backend == dynamodb ]]; then
+	command -v java >/dev/null || { echo "fleet.sh: java not found (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
+fi
+if [[ $backend == redis ]]; then
+	command -v redis-server >/dev/null || { echo "fleet.sh: redis-server not found (apt-get install redis-server)" >&2; exit 1; }
+fi
 command -v curl >/dev/null || { echo "fleet.sh: curl not found" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "fleet.sh: python3 not found (it picks free ports)" >&2; exit 1; }
 
@@ -163,6 +192,28 @@ if [[ $backend == dynamodb ]]; then
 elif [[ $delay != 0 ]]; then
 	echo "fleet.sh: DYNAMODB_DELAY goes with BACKEND=dynamodb" >&2
 	exit 2
+elif [[ $backend == redis ]]; then
+	redis_port=${ports[0]}
+	redis_addr=127.0.0.1:$redis_port
+	echo "fleet.sh: redis-server on $redis_addr ($(redis-server --version | cut -d ' ' -f 3))" >&2
+	# In memory (no RDB, no AOF), and refusing writes when full rather
+	# than evicting buckets, which would hand their tokens back
+	# (docs/redis.md). --dir keeps any file it writes with the logs.
+	redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+		--maxmemory-policy noeviction --protected-mode no --daemonize no --dir "$logs" \
+		>"$logs/redis.log" 2>&1 &
+	pids+=($!)
+	wait_for redis "${pids[-1]}" redis_up "$redis_port"
+
+	if [[ $redis_delay != 0 ]]; then
+		go build -o bin/delayproxy ./bench/delayproxy
+		bin/delayproxy -target "$redis_addr" -delay "$redis_delay" -plain >"$logs/delayproxy.out" 2>"$logs/delayproxy.log" &
+		pids+=($!)
+		wait_for delayproxy "${pids[-1]}" grep -q ':' "$logs/delayproxy.out"
+		redis_addr=$(head -n 1 "$logs/delayproxy.out")
+		echo "fleet.sh: $redis_delay added to every Redis round trip, through $redis_addr" >&2
+	fi
+	backend_args=(--backend redis --redis-url "redis://$redis_addr")
 fi
 first_replica=${#pids[@]}
 

@@ -7,6 +7,8 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
@@ -38,6 +40,9 @@ const (
 	// MetricContended counts calls denied because their write lost
 	// every race near the bucket's limit.
 	MetricContended = "sluice_dynamodb_contended_denials_total"
+	// MetricCacheMisses counts the limit lookups that read the store
+	// (DynamoDB or Redis) rather than the config cache.
+	MetricCacheMisses = "sluice_config_cache_misses_total"
 )
 
 // Operation label values of MetricBackendCalls.
@@ -47,16 +52,26 @@ const (
 	OpUpdateItem         = "UpdateItem"
 	OpPutItem            = "PutItem"
 	OpTransactWriteItems = "TransactWriteItems"
+	// Redis's round trips: a decision's script, and a pipelined batch
+	// of config-record reads.
+	OpEvalSHA = "EVALSHA"
+	OpHGetAll = "HGETALL"
 )
 
-// BackendDynamoDB is the backend label value of DynamoDB's API calls.
-const BackendDynamoDB = "dynamodb"
+// Backend label values.
+const (
+	// BackendDynamoDB is the backend label value of DynamoDB's API calls.
+	BackendDynamoDB = "dynamodb"
+	// BackendRedis is the backend label value of Redis's round trips.
+	BackendRedis = "redis"
+)
 
 // isCounted reports whether a run reports the total of the counter
 // family name.
 func isCounted(name string) bool {
 	switch name {
-	case MetricReadUnits, MetricWriteUnits, MetricRetries, MetricLocalAnswers, MetricCoalesced, MetricLeaseWrites, MetricContended:
+	case MetricReadUnits, MetricWriteUnits, MetricRetries, MetricLocalAnswers, MetricCoalesced, MetricLeaseWrites, MetricContended,
+		MetricCacheMisses:
 		return true
 	}
 	return false
@@ -65,6 +80,11 @@ func isCounted(name string) bool {
 // Call is a backend and operation: one series of MetricBackendCalls.
 type Call struct{ Backend, Operation string }
 
+// Failure is a backend and a kind of error (an AWS error code, timeout,
+// ...): failed calls of MetricBackendErrors to the backend's store (any
+// operation but "decide").
+type Failure struct{ Backend, Kind string }
+
 // Snapshot is what a run reads of one or more /metrics pages, summed over
 // the pages: counters only, so that the difference of two snapshots is
 // what happened in between.
@@ -72,8 +92,9 @@ type Snapshot struct {
 	// Calls counts backend calls by backend and operation.
 	Calls map[Call]float64
 	// Errors counts failed DynamoDB calls by kind (an AWS error code,
-	// timeout, ...).
-	Errors map[string]float64
+	// timeout, ...); Failures every backend's failed calls to its store.
+	Errors   map[string]float64
+	Failures map[Failure]float64
 	// Counters holds the totals of the counters a run reports
 	// (MetricReadUnits ... MetricContended) that the pages served; one
 	// that none served is missing, not zero.
@@ -97,8 +118,16 @@ func ParseMetrics(r io.Reader) (Snapshot, error) {
 			switch {
 			case name == MetricBackendCalls && m.GetHistogram() != nil:
 				s.Calls[Call{labels["backend"], labels["operation"]}] += float64(m.GetHistogram().GetSampleCount())
-			case name == MetricBackendErrors && labels["backend"] == BackendDynamoDB:
-				s.Errors[labels["kind"]] += m.GetCounter().GetValue()
+			case name == MetricBackendErrors:
+				n := m.GetCounter().GetValue()
+				// A failed store call usually fails its decision too:
+				// Failures counts the store's calls only.
+				if labels["operation"] != OpDecide {
+					s.Failures[Failure{labels["backend"], labels["kind"]}] += n
+				}
+				if labels["backend"] == BackendDynamoDB {
+					s.Errors[labels["kind"]] += n
+				}
 			case isCounted(name):
 				// Untyped too: a page without TYPE lines is still the
 				// text format.
@@ -110,7 +139,7 @@ func ParseMetrics(r io.Reader) (Snapshot, error) {
 }
 
 func newSnapshot() Snapshot {
-	return Snapshot{Calls: map[Call]float64{}, Errors: map[string]float64{}, Counters: map[string]float64{}}
+	return Snapshot{Calls: map[Call]float64{}, Errors: map[string]float64{}, Failures: map[Failure]float64{}, Counters: map[string]float64{}}
 }
 
 // add sums o into s.
@@ -120,6 +149,9 @@ func (s Snapshot) add(o Snapshot) {
 	}
 	for k, v := range o.Errors {
 		s.Errors[k] += v
+	}
+	for k, v := range o.Failures {
+		s.Failures[k] += v
 	}
 	for k, v := range o.Counters {
 		s.Counters[k] += v
@@ -142,6 +174,11 @@ func (s Snapshot) Sub(before Snapshot) Snapshot {
 			d.Errors[k] = delta
 		}
 	}
+	for k, v := range s.Failures {
+		if delta := v - before.Failures[k]; delta != 0 {
+			d.Failures[k] = delta
+		}
+	}
 	for k, v := range s.Counters {
 		d.Counters[k] = v - before.Counters[k]
 	}
@@ -157,6 +194,23 @@ type Usage struct {
 	// Decisions counts backend decisions (operation "decide"), which is
 	// one per answered call that matched a rule.
 	Decisions float64 `json:"backend_decisions"`
+	// Backend is the backend label of those decisions ("memory",
+	// "dynamodb", "redis"; several joined by "+", in name order), or ""
+	// when there were none.
+	Backend string `json:"backend"`
+	// BackendCalls counts the calls the backend made to its store, every
+	// operation but "decide", in all and by operation: DynamoDB's API
+	// calls (the DynamoDB fields below break them down further), and
+	// Redis's round trips (EVALSHA, a decision's script; HGETALL, one
+	// pipelined batch of config reads). BackendErrors counts the failed
+	// ones by kind.
+	BackendCalls      float64            `json:"backend_calls"`
+	BackendCallsByOp  map[string]float64 `json:"backend_calls_by_operation"`
+	BackendErrors     map[string]float64 `json:"backend_errors_by_kind"`
+	ConfigCacheMisses *float64           `json:"config_cache_misses"`
+	// BackendCallsPerDecision is BackendCalls over Decisions: on Redis,
+	// its round trips per decision.
+	BackendCallsPerDecision *float64 `json:"backend_calls_per_decision"`
 	// DynamoDBCalls counts DynamoDB API calls, in all and by operation.
 	DynamoDBCalls     float64            `json:"dynamodb_calls"`
 	DynamoDBCallsByOp map[string]float64 `json:"dynamodb_calls_by_operation"`
@@ -196,13 +250,22 @@ type Usage struct {
 // around it, and the numbers of calls the client saw answered OK and
 // OVER_LIMIT.
 func (s Snapshot) Usage(ok, overLimit uint64) Usage {
-	u := Usage{DynamoDBCallsByOp: map[string]float64{}, DynamoDBErrors: map[string]float64{}}
+	u := Usage{DynamoDBCallsByOp: map[string]float64{}, DynamoDBErrors: map[string]float64{},
+		BackendCallsByOp: map[string]float64{}, BackendErrors: map[string]float64{}}
 	maps.Copy(u.DynamoDBErrors, s.Errors)
+	for f, n := range s.Failures {
+		u.BackendErrors[f.Kind] += n
+	}
+	backends := map[string]bool{}
 	for c, n := range s.Calls {
-		switch {
-		case c.Operation == OpDecide:
+		if c.Operation == OpDecide {
 			u.Decisions += n
-		case c.Backend == BackendDynamoDB:
+			backends[c.Backend] = true
+			continue
+		}
+		u.BackendCalls += n
+		u.BackendCallsByOp[c.Operation] += n
+		if c.Backend == BackendDynamoDB {
 			u.DynamoDBCalls += n
 			u.DynamoDBCallsByOp[c.Operation] += n
 			switch c.Operation {
@@ -211,6 +274,7 @@ func (s Snapshot) Usage(ok, overLimit uint64) Usage {
 			}
 		}
 	}
+	u.Backend = strings.Join(slices.Sorted(maps.Keys(backends)), "+")
 	counter := func(name string) *float64 {
 		if v, ok := s.Counters[name]; ok {
 			return &v
@@ -224,6 +288,7 @@ func (s Snapshot) Usage(ok, overLimit uint64) Usage {
 	u.CoalescedDecisions = counter(MetricCoalesced)
 	u.LeaseWrites = counter(MetricLeaseWrites)
 	u.ContendedDenials = counter(MetricContended)
+	u.ConfigCacheMisses = counter(MetricCacheMisses)
 
 	u.CallsPerDecision = ratio(&u.DynamoDBCalls, u.Decisions)
 	u.RCUPerDecision = ratio(u.ReadUnits, u.Decisions)
@@ -231,6 +296,7 @@ func (s Snapshot) Usage(ok, overLimit uint64) Usage {
 	u.WritesPerAllowed = ratio(&u.Writes, float64(ok))
 	u.LocalDenialShare = ratio(u.LocalAnswers, float64(overLimit))
 	u.CoalescedShare = ratio(u.CoalescedDecisions, u.Decisions)
+	u.BackendCallsPerDecision = ratio(&u.BackendCalls, u.Decisions)
 	return u
 }
 

@@ -118,6 +118,12 @@ func TestUsage(t *testing.T) {
 	if len(u.DynamoDBErrors) != 1 || u.DynamoDBErrors["ConditionalCheckFailedException"] != 7 {
 		t.Errorf("errors %v, want ConditionalCheckFailedException 7", u.DynamoDBErrors)
 	}
+	// The backend's calls in general are the DynamoDB calls here.
+	if u.Backend != BackendDynamoDB || u.BackendCalls != 500 || len(u.BackendCallsByOp) != len(want) ||
+		u.BackendErrors["ConditionalCheckFailedException"] != 7 || u.BackendCallsPerDecision == nil || *u.BackendCallsPerDecision != 0.5 {
+		t.Errorf("backend %q, calls %v by operation %v, errors %v, per decision %v; want dynamodb, 500, 0.5 per decision",
+			u.Backend, u.BackendCalls, u.BackendCallsByOp, u.BackendErrors, u.BackendCallsPerDecision)
+	}
 	for _, c := range []struct {
 		name string
 		got  *float64
@@ -153,8 +159,9 @@ sluice_backend_call_duration_seconds_sum{backend="memory",operation="decide"} 1
 sluice_backend_call_duration_seconds_count{backend="memory",operation="decide"} 40
 `
 	u := parse(t, page).Sub(Snapshot{}).Usage(40, 0)
-	if u.Decisions != 40 || u.DynamoDBCalls != 0 || u.Writes != 0 {
-		t.Errorf("decisions %v, calls %v, writes %v; want 40, 0, 0", u.Decisions, u.DynamoDBCalls, u.Writes)
+	if u.Decisions != 40 || u.DynamoDBCalls != 0 || u.Writes != 0 || u.Backend != "memory" || u.BackendCalls != 0 {
+		t.Errorf("decisions %v, calls %v, writes %v, backend %q with %v calls; want 40, 0, 0, memory with 0",
+			u.Decisions, u.DynamoDBCalls, u.Writes, u.Backend, u.BackendCalls)
 	}
 	if u.CallsPerDecision == nil || *u.CallsPerDecision != 0 || u.WritesPerAllowed == nil || *u.WritesPerAllowed != 0 {
 		t.Errorf("calls per decision %v, writes per allowed %v; want 0 and 0", u.CallsPerDecision, u.WritesPerAllowed)
@@ -165,6 +172,7 @@ sluice_backend_call_duration_seconds_count{backend="memory",operation="decide"} 
 		"lease writes": u.LeaseWrites, "contended denials": u.ContendedDenials,
 		"RCU per decision": u.RCUPerDecision, "WCU per decision": u.WCUPerDecision,
 		"local denial share": u.LocalDenialShare, "coalesced share": u.CoalescedShare,
+		"config cache misses": u.ConfigCacheMisses,
 	} {
 		if v != nil {
 			t.Errorf("%s = %v, want n/a", name, *v)
@@ -172,6 +180,72 @@ sluice_backend_call_duration_seconds_count{backend="memory",operation="decide"} 
 	}
 	if r := (Snapshot{}).Usage(0, 0); r.CallsPerDecision != nil || r.WritesPerAllowed != nil {
 		t.Errorf("ratios over zero decisions: %v, %v; want n/a", r.CallsPerDecision, r.WritesPerAllowed)
+	}
+}
+
+// Two replicas on Redis, before and after a run: decisions, the round
+// trips (EVALSHA, HGETALL), a failed script run and the config cache.
+const (
+	redisBefore = `# TYPE sluice_backend_call_duration_seconds histogram
+sluice_backend_call_duration_seconds_count{backend="redis",operation="decide"} 100
+sluice_backend_call_duration_seconds_sum{backend="redis",operation="decide"} 0.1
+sluice_backend_call_duration_seconds_count{backend="redis",operation="EVALSHA"} 100
+sluice_backend_call_duration_seconds_sum{backend="redis",operation="EVALSHA"} 0.05
+sluice_backend_call_duration_seconds_count{backend="redis",operation="HGETALL"} 30
+sluice_backend_call_duration_seconds_sum{backend="redis",operation="HGETALL"} 0.01
+# TYPE sluice_config_cache_misses_total counter
+sluice_config_cache_misses_total 40
+`
+	redisAfter = `# TYPE sluice_backend_call_duration_seconds histogram
+sluice_backend_call_duration_seconds_count{backend="redis",operation="decide"} 1100
+sluice_backend_call_duration_seconds_sum{backend="redis",operation="decide"} 1
+sluice_backend_call_duration_seconds_count{backend="redis",operation="EVALSHA"} 1000
+sluice_backend_call_duration_seconds_sum{backend="redis",operation="EVALSHA"} 0.5
+sluice_backend_call_duration_seconds_count{backend="redis",operation="HGETALL"} 80
+sluice_backend_call_duration_seconds_sum{backend="redis",operation="HGETALL"} 0.02
+# TYPE sluice_backend_call_errors_total counter
+sluice_backend_call_errors_total{backend="redis",kind="timeout",operation="EVALSHA"} 2
+sluice_backend_call_errors_total{backend="redis",kind="timeout",operation="decide"} 2
+# TYPE sluice_config_cache_misses_total counter
+sluice_config_cache_misses_total 100
+`
+	redisOther = `# TYPE sluice_backend_call_duration_seconds histogram
+sluice_backend_call_duration_seconds_count{backend="redis",operation="decide"} 1000
+sluice_backend_call_duration_seconds_sum{backend="redis",operation="decide"} 1
+sluice_backend_call_duration_seconds_count{backend="redis",operation="EVALSHA"} 1000
+sluice_backend_call_duration_seconds_sum{backend="redis",operation="EVALSHA"} 0.5
+sluice_backend_call_duration_seconds_count{backend="redis",operation="HGETALL"} 20
+sluice_backend_call_duration_seconds_sum{backend="redis",operation="HGETALL"} 0.02
+# TYPE sluice_config_cache_misses_total counter
+sluice_config_cache_misses_total 20
+`
+)
+
+// TestUsageRedis gives Redis round trips per decision as TestUsage gives
+// DynamoDB calls: every operation but decide, over the decisions. A
+// failed script run counts once, not again with its decision; the
+// DynamoDB numbers stay empty.
+func TestUsageRedis(t *testing.T) {
+	after := parse(t, redisAfter)
+	after.add(parse(t, redisOther))
+	u := after.Sub(parse(t, redisBefore)).Usage(2000, 0)
+	// decide 1000 + 1000; EVALSHA 900 + 1000, HGETALL 50 + 20.
+	if u.Backend != BackendRedis || u.Decisions != 2000 || u.BackendCalls != 1970 ||
+		u.BackendCallsByOp[OpEvalSHA] != 1900 || u.BackendCallsByOp[OpHGetAll] != 70 || len(u.BackendCallsByOp) != 2 {
+		t.Errorf("backend %q, %v decisions, %v calls by operation %v; want redis, 2000, 1970 (EVALSHA 1900, HGETALL 70)",
+			u.Backend, u.Decisions, u.BackendCalls, u.BackendCallsByOp)
+	}
+	if u.BackendCallsPerDecision == nil || *u.BackendCallsPerDecision != 0.985 {
+		t.Errorf("round trips per decision %v, want 0.985", u.BackendCallsPerDecision)
+	}
+	if len(u.BackendErrors) != 1 || u.BackendErrors["timeout"] != 2 {
+		t.Errorf("errors %v, want timeout 2 (the EVALSHA's, not its decision's)", u.BackendErrors)
+	}
+	if u.ConfigCacheMisses == nil || *u.ConfigCacheMisses != 80 {
+		t.Errorf("config cache misses %v, want 80", u.ConfigCacheMisses)
+	}
+	if u.DynamoDBCalls != 0 || len(u.DynamoDBErrors) != 0 || u.Writes != 0 || u.ReadUnits != nil {
+		t.Errorf("DynamoDB usage on Redis: %+v", u)
 	}
 }
 

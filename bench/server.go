@@ -3,10 +3,11 @@
 // does it, with what it costs the backend. It holds the pieces the
 // benchmarks of this package and the sluice-bench command share: the
 // baseline server, a loopback gRPC server for any RateLimitService, a
-// Sluice service on the memory backend with the benchmark rules, a
-// closed-loop load driver over one or more targets, and a reader of
-// Sluice's /metrics that turns the counters' change over a run into
-// DynamoDB calls and capacity per decision.
+// Sluice service on the memory or the Redis backend with the benchmark
+// rules, a closed-loop load driver over one or more targets, and a reader
+// of Sluice's /metrics that turns the counters' change over a run into
+// backend calls (DynamoDB calls and capacity, Redis round trips) per
+// decision.
 //
 // The point of the baseline is to subtract what is not Sluice: both sides
 // are registered with ratelimit.Register on a default grpc.Server, so they
@@ -23,9 +24,11 @@ import (
 	"net/http"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/rueidis"
 	"google.golang.org/grpc"
 
 	"github.com/sluice-rl/sluice/backend/memory"
+	"github.com/sluice-rl/sluice/backend/redis"
 	"github.com/sluice-rl/sluice/descriptors"
 	"github.com/sluice-rl/sluice/ratelimit"
 	"github.com/sluice-rl/sluice/telemetry"
@@ -141,6 +144,60 @@ func newMemoryService(cfg *descriptors.Config, opts memory.Options, telOpts tele
 		Service:       ratelimit.New(staticRules{cfg}, tel.Backend("memory", be), ratelimit.Options{Observer: tel}),
 		ServerOptions: tel.GRPCServerOptions(),
 		Metrics:       tel.MetricsHandler(),
+		release: func() {
+			_ = be.Close()
+			_ = tel.Shutdown(context.Background())
+		},
+	}, nil
+}
+
+// RedisService is a Sluice service on the Redis backend, built as
+// `sluice serve --backend redis` builds it: the backend's round trips
+// timed as operations "EVALSHA" and "HGETALL" of backend "redis", and its
+// config cache counted, on Metrics.
+type RedisService struct {
+	Service       *ratelimit.Service
+	ServerOptions []grpc.ServerOption
+	Metrics       http.Handler
+	// Backend is the Redis backend, for its Stats.
+	Backend *redis.Backend
+	release func()
+}
+
+// Close frees the backend and the telemetry. It does not close the
+// client, which belongs to the caller.
+func (r *RedisService) Close() { r.release() }
+
+// NewRedisService returns the Sluice service `sluice serve` builds on the
+// Redis backend: rulesYAML (one file's content), a backend on client made
+// with opts (whose Call and OnBucketWrite are the telemetry's), and
+// telemetry as NewMemoryService has it, so that the two services differ
+// only in where the buckets are.
+func NewRedisService(rulesYAML string, client rueidis.Client, opts redis.Options) (*RedisService, error) {
+	cfg, err := descriptors.Parse(map[string][]byte{"bench.yaml": []byte(rulesYAML)})
+	if err != nil {
+		return nil, fmt.Errorf("parse benchmark rules: %w", err)
+	}
+	tel, err := telemetry.New(context.Background(), telemetry.Options{TraceSampling: 0.01})
+	if err != nil {
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	opts.OnBucketWrite, opts.Call = tel.BucketWritten, tel.RedisCall
+	be, err := redis.New(client, opts)
+	if err != nil {
+		_ = tel.Shutdown(context.Background())
+		return nil, err
+	}
+	if err := tel.ObserveRedis(be); err != nil {
+		_ = be.Close()
+		_ = tel.Shutdown(context.Background())
+		return nil, fmt.Errorf("telemetry: %w", err)
+	}
+	return &RedisService{
+		Service:       ratelimit.New(staticRules{cfg}, tel.Backend("redis", be), ratelimit.Options{Observer: tel}),
+		ServerOptions: tel.GRPCServerOptions(),
+		Metrics:       tel.MetricsHandler(),
+		Backend:       be,
 		release: func() {
 			_ = be.Close()
 			_ = tel.Shutdown(context.Background())

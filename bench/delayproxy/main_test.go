@@ -11,8 +11,14 @@ import (
 )
 
 // The command prints an endpoint that forwards to the target with the
-// delay, and exits cleanly when its context ends.
+// delay, and exits cleanly when its context ends: an http:// URL by
+// default, for DynamoDB, and a plain host:port with -plain, for Redis.
 func TestRun(t *testing.T) {
+	t.Run("url", func(t *testing.T) { testRun(t, "http://") })
+	t.Run("plain", func(t *testing.T) { testRun(t, "", "-plain") })
+}
+
+func testRun(t *testing.T, scheme string, flags ...string) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -31,7 +37,7 @@ func TestRun(t *testing.T) {
 	var stderr bytes.Buffer
 	done := make(chan int)
 	go func() {
-		done <- run(ctx, []string{"-target", ln.Addr().String(), "-delay", "30ms"}, w, &stderr)
+		done <- run(ctx, append([]string{"-target", ln.Addr().String(), "-delay", "30ms"}, flags...), w, &stderr)
 		w.Close()
 	}()
 	line := make([]byte, 64)
@@ -40,7 +46,11 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	endpoint := strings.TrimSpace(string(line[:n]))
-	c, err := net.Dial("tcp", strings.TrimPrefix(endpoint, "http://"))
+	hostPort, ok := strings.CutPrefix(endpoint, scheme)
+	if _, _, err := net.SplitHostPort(hostPort); !ok || err != nil {
+		t.Fatalf("endpoint %q: want %shost:port", endpoint, scheme)
+	}
+	c, err := net.Dial("tcp", hostPort)
 	if err != nil {
 		t.Fatalf("endpoint %q: %v", endpoint, err)
 	}

@@ -8,7 +8,13 @@
 // medians, and the ratio of median throughputs, memory/noop. Rounds
 // alternate which server goes first (noop first in odd rounds, memory
 // first in even ones) so that drift in a noisy machine's speed does not
-// favour one side.
+// favour one side. With -redis (a redis-server it starts) or -redis-url,
+// a third server joins the rounds: Sluice on the Redis backend, built as
+// the memory one is, with the same rules; the order is then noop, memory,
+// redis in odd rounds and the reverse in even ones, and the report adds
+// the ratios redis/memory and redis/noop and Redis round trips per
+// decision. -redis-delay puts a proxy holding every round trip for that
+// long in front of Redis, which on loopback is closer than any real one.
 //
 // With -addr it drives an already running Sluice (such as `sluice serve`,
 // or several replicas of it sharing one DynamoDB table) instead, with the
@@ -27,6 +33,10 @@ import (
 	"io"
 	"maps"
 	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/signal"
 	"runtime"
@@ -38,7 +48,10 @@ import (
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/memory"
+	"github.com/sluice-rl/sluice/backend/redis"
+	"github.com/sluice-rl/sluice/backend/redis/redistest"
 	"github.com/sluice-rl/sluice/bench"
+	"github.com/sluice-rl/sluice/internal/faultproxy"
 )
 
 func main() {
@@ -65,7 +78,17 @@ type options struct {
 	requests               int64
 	json                   bool
 	cpuProfile, memProfile string
+	// Compare mode's Redis side: a redis-server of its own (redis), or
+	// the one at redisURL; redisDelay added to each round trip.
+	redis      bool
+	redisURL   string
+	redisDelay time.Duration
+	// redisCoalesce is serve's --coalesce-writes for the Redis side.
+	redisCoalesce bool
 }
+
+// withRedis reports whether compare mode runs the Redis side.
+func (o options) withRedis() bool { return o.redis || o.redisURL != "" }
 
 // run executes the command line and returns the exit code: 0 done, 1 an
 // error, 2 a bad command line.
@@ -130,6 +153,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage:
   sluice-bench [flags]              compare a do-nothing server and Sluice (memory backend), in process
+  sluice-bench -redis | -redis-url redis://HOST:PORT [-redis-delay D] [flags]
+                                    the same with Sluice on the Redis backend as a third server
   sluice-bench -addr HOST:PORT[,HOST:PORT...] -domain D -descriptor K=V [-metrics URL[,URL...]] [flags]
                                     drive a running Sluice (one or more replicas) on loopback
 
@@ -168,6 +193,10 @@ Flags:
 	fs.BoolVar(&o.json, "json", false, "print one JSON object per run on stdout (the report goes to stderr)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to `file`")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write an allocation profile at the end to `file`")
+	fs.BoolVar(&o.redis, "redis", false, "compare mode: also run Sluice on the Redis backend, on a redis-server started for the run (in memory)")
+	fs.StringVar(&o.redisURL, "redis-url", "", "compare mode: also run Sluice on the Redis backend, on the Redis at this loopback redis://host:port `URL` (keys under the prefix "+redisPrefix+")")
+	fs.BoolVar(&o.redisCoalesce, "redis-coalesce", true, "with -redis or -redis-url: decisions that arrive while the script runs share its next run, as serve's --coalesce-writes; false for one run per decision")
+	fs.DurationVar(&o.redisDelay, "redis-delay", 0, "with -redis or -redis-url: latency added to every Redis round trip by a proxy in front of it (real Redis is 0.2 to 1 ms away in a region)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -206,13 +235,46 @@ Flags:
 		return o, fmt.Errorf("-zipf-s %v: want an exponent above 1", o.zipfS)
 	case !(o.overLimit >= 0 && o.overLimit <= 1):
 		return o, fmt.Errorf("-over-limit %v: want a share from 0 to 1", o.overLimit)
+	case driving && (o.withRedis() || set["redis-delay"] || set["redis-coalesce"]):
+		return o, errors.New("-redis, -redis-url, -redis-delay and -redis-coalesce are for compare mode; with -addr, start the replicas on Redis (bench/fleet.sh with BACKEND=redis)")
+	case o.redis && o.redisURL != "":
+		return o, errors.New("-redis starts a redis-server and -redis-url names one: one or the other")
+	case (set["redis-delay"] || set["redis-coalesce"]) && !o.withRedis():
+		return o, errors.New("-redis-delay and -redis-coalesce go with -redis or -redis-url")
+	case o.redisDelay < 0:
+		return o, fmt.Errorf("-redis-delay %v: want 0 or more", o.redisDelay)
 	case driving && o.overLimit > 0 && len(o.over) == 0:
 		return o, errors.New("-over-limit needs -over-descriptor key=value: a descriptor the rules give a tiny limit")
+	}
+	if o.redisURL != "" {
+		if _, err := redisHostPort(o.redisURL); err != nil {
+			return o, fmt.Errorf("-redis-url: %w", err)
+		}
 	}
 	if !driving && o.overLimit > 0 {
 		o.over = []bench.Entry{{Key: bench.OverKey, Value: "x"}}
 	}
 	return o, nil
+}
+
+// redisPrefix is the key prefix of compare mode's Redis side, so that
+// its buckets stay apart from a deployment's (sluice) on a shared Redis.
+const redisPrefix = "sluice-bench"
+
+// redisHostPort is the host:port of a redis:// URL on loopback: the only
+// kind compare mode drives, and the kind a proxy can stand in front of.
+func redisHostPort(s string) (string, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", errors.New("not a URL") // url.Error would repeat a password
+	}
+	if u.Scheme != "redis" || u.Port() == "" || u.Opaque != "" {
+		return "", fmt.Errorf("%s: want redis://host:port", u.Redacted())
+	}
+	if h := u.Hostname(); !(strings.EqualFold(h, "localhost") || net.ParseIP(h).IsLoopback()) {
+		return "", fmt.Errorf("%s: only loopback hosts (127.0.0.0/8, ::1, localhost) are allowed", u.Redacted())
+	}
+	return u.Host, nil
 }
 
 func (o options) execute(ctx context.Context, out output) (err error) {
@@ -327,9 +389,126 @@ func (o options) drive(ctx context.Context, out output) error {
 
 // target is one server of the comparison.
 type target struct {
-	name    string
-	addr    string
+	name string
+	addr string
+	// metrics is the server's /metrics URL, read around each run, or
+	// none.
+	metrics []string
 	results []bench.Result
+}
+
+// redisSide is compare mode's Sluice on the Redis backend, served on
+// loopback with its /metrics.
+type redisSide struct {
+	svc     *bench.RedisService
+	addr    string
+	metrics string
+	// where describes the Redis it runs on.
+	where   string
+	cleanup []func()
+}
+
+// close stops what start started, last first.
+func (r *redisSide) close() {
+	for i := len(r.cleanup) - 1; i >= 0; i-- {
+		r.cleanup[i]()
+	}
+}
+
+// startRedis starts compare mode's Redis side: a redis-server (-redis)
+// or the one at -redis-url, behind a delaying proxy with -redis-delay, a
+// Sluice service on it with the rules and options of the memory side,
+// its gRPC server and its /metrics, so that each run's Redis round trips
+// are counted exactly as a replica's are (bench.Config.Metrics).
+func (o options) startRedis(ctx context.Context) (r *redisSide, err error) {
+	r = &redisSide{}
+	defer func() {
+		if err != nil {
+			r.close()
+		}
+	}()
+	redisURL := o.redisURL
+	r.where = "Redis at " + redisURL
+	if o.redis {
+		dir, err := os.MkdirTemp("", "sluice-bench-redis-")
+		if err != nil {
+			return nil, fmt.Errorf("redis: %w", err)
+		}
+		r.cleanup = append(r.cleanup, func() { os.RemoveAll(dir) })
+		// In memory (no RDB, no AOF) as redistest runs it, and refusing
+		// writes rather than evicting buckets when full, as Sluice wants
+		// (docs/redis.md).
+		srv, err := redistest.Start(ctx, dir, redistest.Options{Config: []string{"maxmemory-policy", "noeviction"}})
+		if err != nil {
+			return nil, fmt.Errorf("start redis-server: %w", err)
+		}
+		r.cleanup = append(r.cleanup, srv.Stop)
+		redisURL = "redis://" + srv.Addr()
+		r.where = "redis-server at " + srv.Addr()
+	}
+	if o.redisDelay > 0 {
+		hostPort, err := redisHostPort(redisURL)
+		if err != nil {
+			return nil, err
+		}
+		p, err := faultproxy.New(hostPort)
+		if err != nil {
+			return nil, err
+		}
+		r.cleanup = append(r.cleanup, func() { _ = p.Close() })
+		p.SetDelay(o.redisDelay)
+		u, _ := url.Parse(redisURL)
+		u.Host = p.Addr()
+		redisURL = u.String()
+		r.where += fmt.Sprintf(", %v added to every round trip (proxy at %s)", o.redisDelay, p.Addr())
+	}
+	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	client, err := redis.Dial(dialCtx, redis.Conn{URL: redisURL})
+	if err != nil {
+		return nil, err
+	}
+	r.cleanup = append(r.cleanup, client.Close)
+	// The TTL rules of the memory side, and serve's defaults otherwise.
+	opts := redis.Options{KeyPrefix: redisPrefix, TTLMultiplier: backend.DefaultTTLMultiplier}
+	if !o.redisCoalesce {
+		opts.MaxBatch = 1 // as serve --coalesce-writes=false
+		r.where += ", coalescing off"
+	}
+	r.svc, err = bench.NewRedisService(bench.RulesYAML, client, opts)
+	if err != nil {
+		return nil, err
+	}
+	r.cleanup = append(r.cleanup, r.svc.Close)
+	addr, stop, err := bench.Serve(r.svc.Service, r.svc.ServerOptions...)
+	if err != nil {
+		return nil, err
+	}
+	r.addr = addr
+	r.cleanup = append(r.cleanup, func() { _ = stop() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", r.svc.Metrics)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	r.cleanup = append(r.cleanup, func() { _ = hs.Close() })
+	r.metrics = "http://" + ln.Addr().String() + "/metrics"
+	return r, nil
+}
+
+// decisions is how many decisions the service's metrics have counted
+// since it started: the denominator of its Stats.
+func (r *redisSide) decisions() (float64, error) {
+	rec := httptest.NewRecorder()
+	r.svc.Metrics.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	s, err := bench.ParseMetrics(rec.Body)
+	if err != nil {
+		return 0, err
+	}
+	return s.Calls[bench.Call{Backend: bench.BackendRedis, Operation: bench.OpDecide}], nil
 }
 
 // compare runs the rounds against both in-process servers.
@@ -354,19 +533,38 @@ func (o options) compare(ctx context.Context, out output) error {
 
 	noopT := &target{name: "noop", addr: noopAddr}
 	memT := &target{name: "memory", addr: memAddr}
+	targets := []*target{noopT, memT}
+	var redisT *target
+	var rs *redisSide
+	if o.withRedis() {
+		if rs, err = o.startRedis(ctx); err != nil {
+			return err
+		}
+		defer rs.close()
+		redisT = &target{name: "redis", addr: rs.addr, metrics: []string{rs.metrics}}
+		targets = append(targets, redisT)
+	}
 	w := out.text
 	o.describe(w)
-	fmt.Fprintf(w, "compare: %d rounds; noop at %s, memory (Sluice) at %s\n\n", o.rounds, noopAddr, memAddr)
+	fmt.Fprintf(w, "compare: %d rounds; noop at %s, memory (Sluice) at %s", o.rounds, noopAddr, memAddr)
+	if redisT != nil {
+		fmt.Fprintf(w, ", redis (Sluice) at %s on %s", rs.addr, rs.where)
+	}
+	fmt.Fprint(w, "\n\n")
 	header(w)
 	ratios := make([]float64, 0, o.rounds)
+	var redisMem, redisNoop, trips []float64
 	for round := 1; round <= o.rounds; round++ {
-		order := []*target{noopT, memT}
+		// Forward in odd rounds, reversed in even ones: over two rounds
+		// each server's mean position is the same, so a steady drift in
+		// the machine's speed favours none.
+		order := slices.Clone(targets)
 		if round%2 == 0 {
-			order = []*target{memT, noopT}
+			slices.Reverse(order)
 		}
 		for _, t := range order {
 			start := time.Now()
-			r, err := bench.Run(ctx, o.config([]string{t.addr}, nil, bench.SingleKey()))
+			r, err := bench.Run(ctx, o.config([]string{t.addr}, t.metrics, bench.SingleKey()))
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", round, t.name, err)
 			}
@@ -376,16 +574,25 @@ func (o options) compare(ctx context.Context, out output) error {
 			t.results = append(t.results, r)
 			row(w, fmt.Sprint(round), t.name, r)
 			errorSummary(w, "  ", r)
+			if u := r.Usage; u != nil && u.BackendCallsPerDecision != nil {
+				fmt.Fprintf(w, "  redis round trips per decision: %.4f (%s over %.0f decisions)\n",
+					*u.BackendCallsPerDecision, formatCounts(u.BackendCallsByOp), u.Decisions)
+				trips = append(trips, *u.BackendCallsPerDecision)
+			}
 			if err := o.record(out, start, round, t.name, r); err != nil {
 				return err
 			}
 		}
 		ratios = append(ratios, memT.results[round-1].Throughput/noopT.results[round-1].Throughput)
+		if redisT != nil {
+			redisMem = append(redisMem, redisT.results[round-1].Throughput/memT.results[round-1].Throughput)
+			redisNoop = append(redisNoop, redisT.results[round-1].Throughput/noopT.results[round-1].Throughput)
+		}
 	}
 
 	fmt.Fprintf(w, "\nmedians over %d rounds:\n", o.rounds)
 	fmt.Fprintf(w, "%-8s %12s %10s %10s %10s\n", "server", "req/s", "p50", "p99", "p999")
-	for _, t := range []*target{noopT, memT} {
+	for _, t := range targets {
 		fmt.Fprintf(w, "%-8s %12.0f %10s %10s %10s\n", t.name,
 			median(t.results, func(r bench.Result) float64 { return r.Throughput }),
 			micros(median(t.results, func(r bench.Result) float64 { return float64(r.P50) })),
@@ -397,6 +604,30 @@ func (o options) compare(ctx context.Context, out output) error {
 	fmt.Fprintf(w, "\nper-round throughput ratio memory/noop: %s (median %.3f)\n",
 		formatRatios(ratios), median(ratios, func(f float64) float64 { return f }))
 	fmt.Fprintf(w, "ratio of median throughputs memory/noop: %.3f (requirement: at least 0.80)\n", ratio)
+	if redisT == nil {
+		return nil
+	}
+	id := func(f float64) float64 { return f }
+	fmt.Fprintf(w, "\nper-round throughput ratio redis/memory: %s (median %.3f)\n", formatRatios(redisMem), median(redisMem, id))
+	fmt.Fprintf(w, "per-round throughput ratio redis/noop: %s (median %.3f)\n", formatRatios(redisNoop), median(redisNoop, id))
+	fmt.Fprintf(w, "ratio of median throughputs redis/memory: %.3f (target: at least 0.50)\n",
+		median(redisT.results, thr)/median(memT.results, thr))
+	fmt.Fprintf(w, "ratio of median throughputs redis/noop: %.3f\n", median(redisT.results, thr)/median(noopT.results, thr))
+	fmt.Fprintf(w, "redis round trips per decision (EVALSHA + HGETALL over decisions, measured runs): median %.4f\n", median(trips, id))
+	// The backend's own count, over everything the Redis side answered
+	// (warmups and each connection's first call included): Scripts are
+	// the EVALSHA round trips, and each config-cache miss waited for a
+	// read (several may share one HGETALL).
+	st := rs.svc.Backend.Stats()
+	scripts, misses, failed := st.Scripts.Load(), st.CacheMisses.Load(), st.ScriptErrors.Load()
+	decided, err := rs.decisions()
+	if err != nil {
+		return fmt.Errorf("redis side's metrics: %w", err)
+	}
+	if decided > 0 {
+		fmt.Fprintf(w, "redis backend Stats, warmups included: %d script runs (%d failed), %d config cache misses, %.0f decisions: (Scripts + CacheMisses)/decision %.4f\n",
+			scripts, failed, misses, decided, float64(scripts+misses)/decided)
+	}
 	return nil
 }
 
@@ -447,6 +678,20 @@ func usage(w io.Writer, r bench.Result, u bench.Usage) {
 		fmt.Fprintf(w, "  %-32s %12s%s\n", name, value, note)
 	}
 	line("backend decisions", count(&u.Decisions), "")
+	if u.Backend == bench.BackendRedis {
+		// None of the DynamoDB lines below means anything on Redis.
+		line("redis round trips", count(&u.BackendCalls), formatCounts(u.BackendCallsByOp))
+		if len(u.BackendErrors) > 0 {
+			var failed float64
+			for _, n := range u.BackendErrors {
+				failed += n
+			}
+			line("redis failed round trips", count(&failed), formatCounts(u.BackendErrors))
+		}
+		line("config cache misses", count(u.ConfigCacheMisses), "lookups that read Redis; one HGETALL batch may carry several")
+		line("redis round trips per decision", per(u.BackendCallsPerDecision), "EVALSHA + HGETALL over backend decisions")
+		return
+	}
 	line("dynamodb calls", count(&u.DynamoDBCalls), formatCounts(u.DynamoDBCallsByOp))
 	line("dynamodb writes", count(&u.Writes), "UpdateItem + PutItem + TransactWriteItems")
 	if len(u.DynamoDBErrors) > 0 {
@@ -539,6 +784,11 @@ type recordConfig struct {
 	GOMAXPROCS     int      `json:"gomaxprocs"`
 	NumCPU         int      `json:"num_cpu"`
 	GoVersion      string   `json:"go_version"`
+	// Compare mode's Redis side: "redis-server" (-redis) or the URL,
+	// and the delay added to its round trips.
+	Redis         string `json:"redis,omitempty"`
+	RedisDelay    string `json:"redis_delay,omitempty"`
+	RedisCoalesce *bool  `json:"redis_coalesce,omitempty"`
 }
 
 // record writes the JSON record of one run, with -json.
@@ -558,6 +808,12 @@ func (o options) record(out output, start time.Time, round int, server string, r
 	if len(o.addrs) > 0 {
 		c.Mode, c.Rounds = "addr", 0
 	}
+	if o.withRedis() {
+		c.Redis, c.RedisDelay, c.RedisCoalesce = "redis-server", o.redisDelay.String(), &o.redisCoalesce
+		if o.redisURL != "" {
+			c.Redis = redactURL(o.redisURL)
+		}
+	}
 	rec := record{
 		Time: start.UTC(), Config: c, Round: round, Server: server,
 		Requests: r.Requests, Errors: r.Errors, ErrorsByCode: errorCodes(r),
@@ -572,6 +828,15 @@ func (o options) record(out output, start time.Time, round int, server string, r
 		return fmt.Errorf("json record: %w", err)
 	}
 	return nil
+}
+
+// redactURL hides a URL's password.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
 }
 
 func entries(es []bench.Entry) []string {

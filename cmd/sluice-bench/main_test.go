@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/memory"
+	"github.com/sluice-rl/sluice/backend/redis/redistest"
 	"github.com/sluice-rl/sluice/bench"
 )
 
@@ -32,6 +33,18 @@ func TestParseFlags(t *testing.T) {
 		t.Fatalf("compare mode -over-limit 1: %+v, %v", o.over, err)
 	}
 
+	// The Redis side of compare mode.
+	if o, err := parseFlags([]string{"-redis-url", "redis://127.0.0.1:6379/0", "-redis-delay", "500us"}, &bytes.Buffer{}); err != nil ||
+		!o.withRedis() || o.redis || o.redisDelay != 500*time.Microsecond {
+		t.Fatalf("-redis-url with -redis-delay: %+v, %v", o, err)
+	}
+	if o, err := parseFlags([]string{"-redis"}, &bytes.Buffer{}); err != nil || !o.withRedis() || o.redisDelay != 0 || !o.redisCoalesce {
+		t.Fatalf("-redis: %+v, %v", o, err)
+	}
+	if o, err := parseFlags(nil, &bytes.Buffer{}); err != nil || o.withRedis() {
+		t.Fatalf("no Redis flag: %+v, %v", o, err)
+	}
+
 	drive := []string{"-addr", "127.0.0.1:1", "-domain", "bench", "-descriptor", "bench_key=k"}
 	for name, args := range map[string][]string{
 		"metrics without addr":         {"-metrics", "http://127.0.0.1:3/metrics"},
@@ -46,6 +59,17 @@ func TestParseFlags(t *testing.T) {
 		"negative rate":                slices.Concat(drive, []string{"-rate", "-5"}),
 		"infinite rate":                slices.Concat(drive, []string{"-rate", "+Inf"}),
 		"rate in compare mode":         {"-rate", "100"},
+		"redis with addr":              slices.Concat(drive, []string{"-redis"}),
+		"redis url with addr":          slices.Concat(drive, []string{"-redis-url", "redis://127.0.0.1:6379"}),
+		"redis and redis url":          {"-redis", "-redis-url", "redis://127.0.0.1:6379"},
+		"redis delay alone":            {"-redis-delay", "1ms"},
+		"redis coalesce alone":         {"-redis-coalesce=false"},
+		"negative redis delay":         {"-redis", "-redis-delay", "-1ms"},
+		"remote redis":                 {"-redis-url", "redis://192.0.2.1:6379"},
+		"redis without port":           {"-redis-url", "redis://127.0.0.1"},
+		"redis socket":                 {"-redis-url", "unix:///tmp/redis.sock"},
+		"redis over TLS":               {"-redis-url", "rediss://127.0.0.1:6379"},
+		"redis URL not a URL":          {"-redis-url", "127.0.0.1:6379"},
 	} {
 		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%s: %q accepted", name, args)
@@ -160,5 +184,83 @@ func TestCompareJSON(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "ratio of median throughputs") {
 		t.Errorf("report missing from stderr:\n%s", stderr.String())
+	}
+}
+
+// compareRecords runs compare mode with args and returns its JSON records
+// by server, in the order they came, and the report.
+func compareRecords(t *testing.T, args ...string) (map[string][]record, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if code := run(t.Context(), append(args, "-json"), &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	recs := map[string][]record{}
+	dec := json.NewDecoder(&stdout)
+	for dec.More() {
+		var rec record
+		if err := dec.Decode(&rec); err != nil {
+			t.Fatal(err)
+		}
+		recs[rec.Server] = append(recs[rec.Server], rec)
+	}
+	return recs, stderr.String()
+}
+
+// With -redis-url, Redis joins the rounds as a third server: one record
+// per round, its round trips counted from its own /metrics over the
+// measured run (one script per decision, at most, and the config reads),
+// the ratios and the backend's Stats in the report, and with
+// -redis-delay every round trip late by the delay.
+func TestCompareRedis(t *testing.T) {
+	srv := redistest.Require(t)
+	recs, report := compareRecords(t, "-redis-url", srv.URL(), "-redis-delay", "2ms",
+		"-rounds", "2", "-duration", "100ms", "-warmup", "20ms", "-concurrency", "4", "-conns", "1")
+	if len(recs) != 3 || len(recs["noop"]) != 2 || len(recs["memory"]) != 2 || len(recs["redis"]) != 2 {
+		t.Fatalf("records for %v: want two rounds of noop, memory and redis", recs)
+	}
+	for _, rec := range recs["redis"] {
+		u := rec.Metrics
+		switch {
+		case rec.Requests == 0 || rec.Errors != 0 || rec.OK != rec.Requests:
+			t.Errorf("redis round %d: %+v: want calls, all OK", rec.Round, rec)
+		case rec.Config.Redis != srv.URL() || rec.Config.RedisDelay != "2ms":
+			t.Errorf("redis round %d: config %+v", rec.Round, rec.Config)
+		case u == nil || u.Backend != bench.BackendRedis || u.Decisions != float64(rec.OK):
+			t.Errorf("redis round %d: metrics %+v: want one redis decision per answered call", rec.Round, u)
+		case u.BackendCallsByOp[bench.OpEvalSHA] < 1 || u.BackendCallsByOp[bench.OpEvalSHA] > u.Decisions ||
+			u.BackendCallsPerDecision == nil || *u.BackendCallsPerDecision <= 0:
+			t.Errorf("redis round %d: round trips %v over %v decisions", rec.Round, u.BackendCallsByOp, u.Decisions)
+		case rec.P50 < 2000:
+			t.Errorf("redis round %d: p50 %vµs, under the 2ms added to each round trip", rec.Round, rec.P50)
+		}
+	}
+	// Round 1 runs noop, memory, redis; round 2 the reverse.
+	if r1, r2 := recs["redis"][0], recs["redis"][1]; !recs["noop"][0].Time.Before(r1.Time) || !r2.Time.Before(recs["noop"][1].Time) {
+		t.Errorf("redis ran at %v and %v, noop at %v and %v: want redis last, then first", r1.Time, r2.Time, recs["noop"][0].Time, recs["noop"][1].Time)
+	}
+	for _, want := range []string{"ratio of median throughputs redis/memory", "redis/noop", "redis round trips per decision", "(Scripts + CacheMisses)/decision"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("report lacks %q:\n%s", want, report)
+		}
+	}
+}
+
+// With -redis, compare mode starts a redis-server of its own and stops it
+// at the end; -redis-coalesce=false turns the backend's coalescing off.
+func TestCompareOwnRedis(t *testing.T) {
+	redistest.Require(t) // skips without redis-server
+	recs, report := compareRecords(t, "-redis", "-redis-coalesce=false", "-rounds", "1", "-duration", "50ms", "-warmup", "0", "-concurrency", "4", "-conns", "1")
+	if len(recs["redis"]) != 1 || recs["redis"][0].OK == 0 || recs["redis"][0].Config.Redis != "redis-server" {
+		t.Fatalf("records %+v: want one redis run, answered", recs["redis"])
+	}
+	// Without coalescing, each decision on the one key is a script run
+	// of its own.
+	rec := recs["redis"][0]
+	if c := rec.Config.RedisCoalesce; c == nil || *c || rec.Metrics.BackendCallsByOp[bench.OpEvalSHA] != rec.Metrics.Decisions {
+		t.Errorf("coalescing %v: %v script runs for %v decisions, want one each", c, rec.Metrics.BackendCallsByOp, rec.Metrics.Decisions)
+	}
+	if !strings.Contains(report, "redis-server at 127.0.0.1:") {
+		t.Errorf("report does not say where Redis ran:\n%s", report)
 	}
 }
