@@ -669,6 +669,15 @@ func formatCounts[N uint64 | float64](m map[string]N) string {
 }
 
 // usage prints the metrics block: what the backend did over the run.
+// total is the sum of counts.
+func total(counts map[string]float64) float64 {
+	var n float64
+	for _, c := range counts {
+		n += c
+	}
+	return n
+}
+
 func usage(w io.Writer, r bench.Result, u bench.Usage) {
 	fmt.Fprintf(w, "metrics: change over the measured run, summed over %d /metrics page(s)\n", u.Pages)
 	line := func(name, value, note string) {
@@ -682,10 +691,7 @@ func usage(w io.Writer, r bench.Result, u bench.Usage) {
 		// None of the DynamoDB lines below means anything on Redis.
 		line("redis round trips", count(&u.BackendCalls), formatCounts(u.BackendCallsByOp))
 		if len(u.BackendErrors) > 0 {
-			var failed float64
-			for _, n := range u.BackendErrors {
-				failed += n
-			}
+			failed := total(u.BackendErrors)
 			line("redis failed round trips", count(&failed), formatCounts(u.BackendErrors))
 		}
 		line("config cache misses", count(u.ConfigCacheMisses), "lookups that read Redis; one HGETALL batch may carry several")
@@ -695,10 +701,7 @@ func usage(w io.Writer, r bench.Result, u bench.Usage) {
 	line("dynamodb calls", count(&u.DynamoDBCalls), formatCounts(u.DynamoDBCallsByOp))
 	line("dynamodb writes", count(&u.Writes), "UpdateItem + PutItem + TransactWriteItems")
 	if len(u.DynamoDBErrors) > 0 {
-		var failed float64
-		for _, n := range u.DynamoDBErrors {
-			failed += n
-		}
+		failed := total(u.DynamoDBErrors)
 		line("dynamodb failed calls", count(&failed), formatCounts(u.DynamoDBErrors))
 	}
 	line("read capacity units", units(u.ReadUnits), "")
