@@ -223,8 +223,8 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	for i := range bs {
 		limits = append(limits, bs[i].limits...)
 	}
-	p := &pending{ctx: ctx, call: scriptCall{refund: req.Refund, costs: costs(req, limits)}}
-	if err := b.run(ctx, bs, p); err != nil {
+	p := &pending{ctx: ctx, buckets: bs, call: scriptCall{refund: req.Refund, costs: costs(req, limits)}}
+	if err := b.run(ctx, p); err != nil {
 		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
 	}
 	results, err := resultsOf(req, limits, p.call.costs, p.after, p.allowed, p.now)
@@ -240,17 +240,16 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		Binding: bucket.Binding(limits, results), Level: level}, nil
 }
 
-// run decides p on the buckets bs and fills in its answer: in a run of
+// run decides p and fills in its answer: in a run of
 // its own, or with the other calls of this replica that arrive while a
 // run of their lane is in flight (Options.MaxBatch). It returns by ctx's
 // deadline at the latest.
-func (b *Backend) run(ctx context.Context, bs []scriptBucket, p *pending) error {
-	p.buckets = bs
+func (b *Backend) run(ctx context.Context, p *pending) error {
 	if b.batches == nil {
 		b.script1([]*pending{p})
 		return p.err
 	}
-	return b.batches.do(ctx, b.lane(bs), p)
+	return b.batches.do(ctx, b.lane(p.buckets), p)
 }
 
 // lane names the calls that may share a run of the script: on one Redis,
