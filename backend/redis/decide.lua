@@ -14,8 +14,9 @@
 --
 -- Numbers are Lua doubles: every value stays below 2^53 (tokens below
 -- 2^40 * 1000, times in epoch milliseconds), divisions are corrected to
--- exact integer quotients, and numbers are written with %.0f, never with
--- Lua's %.14g, which would round them. Consumption, which outgrows 2^53,
+-- exact integer quotients, and numbers are written with %d (or %.0f),
+-- never with Lua's %.14g, which would round them, nor handed to Redis as
+-- numbers, which some versions print in exponent notation. Consumption, which outgrows 2^53,
 -- is summed here while that is exact, and by Redis's own 64-bit integers
 -- (HINCRBY) past it.
 --
@@ -26,8 +27,13 @@
 -- removed limits dropped.
 --
 -- Most of a script's time goes to Lua's own work rather than to the
--- commands, so the sets of limits ("layouts") come once per run, however
--- many buckets share them, with their field names built once.
+-- commands (on a run of 16 buckets, the three commands per bucket are
+-- under half of it), so that work is kept small: the sets of limits
+-- ("layouts") come once per run, however many buckets share them, with
+-- their field names and refill rates in lowest terms computed once; the
+-- per-group scratch tables are made once per run and reused; numbers are
+-- written with string.format's %d, which costs Redis less than %.0f or
+-- tostring.
 --
 -- ARGV: now; the number of layouts, and per layout cfg (fingerprint of
 -- its limits), n, and n times: name, amount, period, burst; the number of
@@ -43,8 +49,12 @@
 -- of the group holds something other than a hash, Redis's error, and the
 -- group changes nothing (the other groups go on).
 
+local rcall, rpcall = redis.call, redis.pcall
+local ARGV, KEYS = ARGV, KEYS
+local num, floor, fmod, format, match, unpack = tonumber, math.floor, math.fmod, string.format, string.match, unpack
+
 local function fdiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then
@@ -62,42 +72,54 @@ end
 
 local function gcd(a, b)
   while b ~= 0 do
-    a, b = b, math.fmod(a, b)
+    a, b = b, fmod(a, b)
   end
   return a
 end
 
--- bucket.Refill
-local function refill(amount, period, burst, tk, rf, now)
+-- bucket.Refill, at a rate of da tokens every dt ms (amount / period in
+-- lowest terms).
+local function refill(amount, dt, da, burst, tk, rf, now)
   if tk >= burst then return burst, now end
   if tk < 0 then tk = 0 end
   if rf > now or amount == 0 then return tk, rf end
-  local g = gcd(amount, period)
-  local dt, da = period / g, amount / g
   local steps = fdiv(now - rf, dt)
   if steps >= cdiv(burst - tk, da) then return burst, now end
   return tk + steps * da, rf + steps * dt
 end
 
-local num = tonumber
-local function str(n) return string.format('%.0f', n) end
+local function lowest(amount, period)
+  if amount == 0 then return period, 0 end
+  local g = gcd(amount, period)
+  return period / g, amount / g
+end
+
+-- int writes a count or time, known to be below 2^53; str any number.
+local function int(n) return format('%d', n) end
+local function str(n) return format('%.0f', n) end
 local exact = 9007199254740992 -- 2^53
+
+local reply, nr = {}, 0
+-- Per group, reused: the buckets' keys, layouts, ttls, first limits and
+-- staleness; per limit its layout entry, state and what calls spent.
+local bkey, blay, bttl, bfirst, bstale = {}, {}, {}, {}, {}
+local lims, tks, rfs, tcs, spent, costs = {}, {}, {}, {}, {}, {}
+local set = {}
 
 -- group decides one group's calls, from ARGV[at] and KEYS[key] on, into
 -- reply, and returns where the next group starts.
-local function group(now, layouts, at, key, reply)
-  -- The group's limits, bucket after bucket: lims[j] is the j-th limit's
-  -- layout entry, tks[j], rfs[j] and tcs[j] its state.
-  local buckets, lims, tks, rfs, tcs = {}, {}, {}, {}, {}
-  for k = 1, num(ARGV[at]) do
-    local b = {key = KEYS[key], lay = layouts[num(ARGV[at + 1 + 2 * (k - 1)])],
-      ttl = ARGV[at + 2 + 2 * (k - 1)], first = #lims}
-    for _, l in ipairs(b.lay.limits) do lims[#lims + 1] = l end
-    buckets[k] = b
+local function group(now, layouts, at, key)
+  local nb, n = num(ARGV[at]), 0
+  for k = 1, nb do
+    local lay = layouts[num(ARGV[at + 2 * k - 1])]
+    bkey[k], blay[k], bttl[k], bfirst[k] = KEYS[key], lay, ARGV[at + 2 * k], n
+    local ls = lay.limits
+    for i = 1, #ls do lims[n + i] = ls[i] end
+    n = n + #ls
     key = key + 1
   end
-  at = at + 1 + 2 * #buckets
-  local n, ncalls = #lims, num(ARGV[at])
+  at = at + 1 + 2 * nb
+  local ncalls = num(ARGV[at])
   local calls = at + 1
   local nextGroup = calls + ncalls * (1 + n)
 
@@ -105,33 +127,36 @@ local function group(now, layouts, at, key, reply)
   -- refilled at its stored rate; a new one full), then bucket.Refill at
   -- the limit's rate, which caps a kept limit at its new burst. Under
   -- unchanged limits the two refills are one.
-  for _, b in ipairs(buckets) do
-    local lay = b.lay
-    local st = redis.pcall('HMGET', b.key, unpack(lay.fields))
+  for k = 1, nb do
+    local lay, bk = blay[k], bkey[k]
+    local st = rpcall('HMGET', bk, unpack(lay.fields))
     if st.err then
-      reply[#reply + 1] = st.err
+      nr = nr + 1; reply[nr] = st.err
       return nextGroup, key
     end
-    b.stale = st[1] ~= lay.cfg
+    local stale = st[1] ~= lay.cfg
+    bstale[k] = stale
     local rates
-    if b.stale and st[1] then
-      rates = redis.call('HMGET', b.key, unpack(lay.rates))
+    if stale and st[1] then
+      rates = rcall('HMGET', bk, unpack(lay.rates))
     end
-    for i, l in ipairs(lay.limits) do
-      local j = b.first + i
+    local ls, first = lay.limits, bfirst[k]
+    for i = 1, #ls do
+      local l, j = ls[i], first + i
       local tk, rf = num(st[3 * i - 1]), num(st[3 * i])
       tcs[j] = st[3 * i + 1]
-      if tk and rf and b.stale then
+      if tk and rf and stale then
         local ra, rp, bx
         if rates then ra, rp, bx = num(rates[3 * i - 2]), num(rates[3 * i - 1]), num(rates[3 * i]) end
         if ra and rp and bx then
-          tk, rf = refill(ra, rp, bx, tk, rf, now)
+          local dt, da = lowest(ra, rp)
+          tk, rf = refill(ra, dt, da, bx, tk, rf, now)
         else
           tk = nil
         end
       end
       if tk and rf then
-        tks[j], rfs[j] = refill(l.amount, l.period, l.burst, tk, rf, now)
+        tks[j], rfs[j] = refill(l.amount, l.dt, l.da, l.burst, tk, rf, now)
       else
         tks[j], rfs[j] = l.burst, now
       end
@@ -143,21 +168,23 @@ local function group(now, layouts, at, key, reply)
   -- later, and a group of nothing else writes nothing. Each limit sums
   -- what the allowed calls spent while the sum is exact; past 2^53 it
   -- keeps every cost for Redis to add (costs[j]).
-  reply[#reply + 1] = 'ok'
-  local write, spent, costs = false, {}, {}
-  for j = 1, n do spent[j] = 0 end
+  nr = nr + 1; reply[nr] = 'ok'
+  local write = false
+  for j = 1, n do spent[j] = 0; costs[j] = false end
   at = calls
   for _ = 1, ncalls do
     local allowed = true
     if ARGV[at] == 'r' then
       write = true
-      for j, l in ipairs(lims) do
-        tks[j] = math.min(l.burst, tks[j] + num(ARGV[at + j]))
-        if tks[j] == l.burst then rfs[j] = now end
+      for j = 1, n do
+        local burst = lims[j].burst
+        local tk = tks[j] + num(ARGV[at + j])
+        if tk >= burst then tk, rfs[j] = burst, now end
+        tks[j] = tk
       end
     else
       for j = 1, n do
-        if tks[j] < num(ARGV[at + j]) then allowed = false end
+        if tks[j] < num(ARGV[at + j]) then allowed = false; break end
       end
       if allowed then
         for j = 1, n do
@@ -165,8 +192,9 @@ local function group(now, layouts, at, key, reply)
           if cost > 0 then
             write = true
             tks[j] = tks[j] - cost
-            if costs[j] then
-              costs[j][#costs[j] + 1] = cost
+            local cj = costs[j]
+            if cj then
+              cj[#cj + 1] = cost
             elseif spent[j] + cost < exact then
               spent[j] = spent[j] + cost
             else
@@ -178,73 +206,79 @@ local function group(now, layouts, at, key, reply)
     end
     at = at + 1 + n
     -- Numbers: Redis answers them as integers, exact below 2^53.
-    reply[#reply + 1] = allowed and 1 or 0
+    nr = nr + 1; reply[nr] = allowed and 1 or 0
     for j = 1, n do
-      reply[#reply + 1] = tks[j]
-      reply[#reply + 1] = rfs[j]
+      reply[nr + 1] = tks[j]; reply[nr + 2] = rfs[j]
+      nr = nr + 2
     end
   end
   if not write then
     return nextGroup, key
   end
 
-  for _, b in ipairs(buckets) do
-    local lay = b.lay
-    local set = {}
-    if b.stale then
+  for k = 1, nb do
+    local lay, bk, stale = blay[k], bkey[k], bstale[k]
+    local m = 0
+    if stale then
       -- The limits changed: drop the fields of those removed.
-      for _, f in ipairs(redis.call('HKEYS', b.key)) do
-        local prefix = string.match(f, '^(b_.*_)%a%a$')
-        if prefix and not lay.keep[prefix] then redis.call('HDEL', b.key, f) end
+      for _, f in ipairs(rcall('HKEYS', bk)) do
+        local prefix = match(f, '^(b_.*_)%a%a$')
+        if prefix and not lay.keep[prefix] then rcall('HDEL', bk, f) end
       end
-      set = {'cfg', lay.cfg}
+      set[1], set[2], m = 'cfg', lay.cfg, 2
     end
     local slow = false
-    for i, l in ipairs(lay.limits) do
-      local j, m = b.first + i, #set
-      set[m + 1] = l.tk; set[m + 2] = str(tks[j])
-      set[m + 3] = l.rf; set[m + 4] = str(rfs[j])
-      if b.stale then
-        set[m + 5] = l.f .. 'cp'; set[m + 6] = l.amountArg
-        set[m + 7] = l.f .. 'ra'; set[m + 8] = l.amountArg
-        set[m + 9] = l.f .. 'rp'; set[m + 10] = l.periodArg
-        set[m + 11] = l.f .. 'bx'; set[m + 12] = l.burstArg
+    local ls, first = lay.limits, bfirst[k]
+    for i = 1, #ls do
+      local l, j = ls[i], first + i
+      set[m + 1] = l.tk; set[m + 2] = int(tks[j])
+      set[m + 3] = l.rf; set[m + 4] = int(rfs[j])
+      m = m + 4
+      if stale then
+        set[m + 1] = l.f .. 'cp'; set[m + 2] = l.amountArg
+        set[m + 3] = l.f .. 'ra'; set[m + 4] = l.amountArg
+        set[m + 5] = l.f .. 'rp'; set[m + 6] = l.periodArg
+        set[m + 7] = l.f .. 'bx'; set[m + 8] = l.burstArg
+        m = m + 8
       end
       if spent[j] > 0 and not costs[j] then
         -- The consumed total, exact as a double below 2^53; past it (or
         -- when the stored one is not a plain count), Redis adds.
         local tc = 0
-        if tcs[j] then tc = string.match(tcs[j], '^%d+$') and num(tcs[j]) end
+        local s = tcs[j]
+        if s then tc = match(s, '^%d+$') and num(s) end
         if tc and tc + spent[j] < exact then
-          set[#set + 1] = l.tc; set[#set + 1] = str(tc + spent[j])
+          set[m + 1] = l.tc; set[m + 2] = int(tc + spent[j])
+          m = m + 2
         else
           costs[j] = {spent[j]}
         end
       end
       slow = slow or costs[j]
     end
-    redis.call('HSET', b.key, unpack(set))
+    rcall('HSET', bk, unpack(set, 1, m))
     if slow then
-      for i, l in ipairs(lay.limits) do
+      for i = 1, #ls do
         -- Each cost on its own: a batch's sum may pass 2^63 where one
         -- cost does not. At 2^63 the count saturates, as bucket.Decide's
         -- does (HINCRBY refuses the overflow before it changes
         -- anything); a damaged count starts again rather than fail every
         -- decision.
-        for _, cost in ipairs(costs[b.first + i] or {}) do
-          local r = redis.pcall('HINCRBY', b.key, l.tc, str(cost))
+        for _, cost in ipairs(costs[first + i] or {}) do
+          local r = rpcall('HINCRBY', bk, ls[i].tc, str(cost))
           if type(r) == 'table' and r.err then
             local tc = str(cost)
             if string.find(r.err, 'overflow') then tc = '9223372036854775807' end
-            redis.call('HSET', b.key, l.tc, tc)
+            rcall('HSET', bk, ls[i].tc, tc)
           end
         end
       end
     end
-    if b.ttl ~= '0' then
-      redis.call('PEXPIRE', b.key, b.ttl)
+    local ttl = bttl[k]
+    if ttl ~= '0' then
+      rcall('PEXPIRE', bk, ttl)
     else
-      redis.call('PERSIST', b.key)
+      rcall('PERSIST', bk)
     end
   end
   return nextGroup, key
@@ -259,25 +293,24 @@ for li = 1, num(ARGV[2]) do
   at = at + 2
   for i = 1, num(ARGV[at - 1]) do
     local f = 'b_' .. ARGV[at] .. '_'
+    local amount, period = num(ARGV[at + 1]), num(ARGV[at + 2])
+    local dt, da = lowest(amount, period)
     local l = {f = f, tk = f .. 'tk', rf = f .. 'rf', tc = f .. 'tc',
-      amount = num(ARGV[at + 1]), period = num(ARGV[at + 2]), burst = num(ARGV[at + 3]),
+      amount = amount, period = period, burst = num(ARGV[at + 3]), dt = dt, da = da,
       amountArg = ARGV[at + 1], periodArg = ARGV[at + 2], burstArg = ARGV[at + 3]}
     lay.limits[i] = l
-    lay.fields[#lay.fields + 1] = l.tk
-    lay.fields[#lay.fields + 1] = l.rf
-    lay.fields[#lay.fields + 1] = l.tc
-    lay.rates[#lay.rates + 1] = f .. 'ra'
-    lay.rates[#lay.rates + 1] = f .. 'rp'
-    lay.rates[#lay.rates + 1] = f .. 'bx'
+    local fs, rs = lay.fields, lay.rates
+    fs[3 * i - 1], fs[3 * i], fs[3 * i + 1] = l.tk, l.rf, l.tc
+    rs[3 * i - 2], rs[3 * i - 1], rs[3 * i] = f .. 'ra', f .. 'rp', f .. 'bx'
     lay.keep[f] = true
     at = at + 4
   end
   layouts[li] = lay
 end
 
-local key, reply = 1, {}
+local key = 1
 at = at + 1
 for _ = 1, num(ARGV[at - 1]) do
-  at, key = group(now, layouts, at, key, reply)
+  at, key = group(now, layouts, at, key)
 end
 return reply
