@@ -16,9 +16,9 @@
 -- 2^40 * 1000, times in epoch milliseconds), divisions are corrected to
 -- exact integer quotients, and numbers are written with %d (or %.0f),
 -- never with Lua's %.14g, which would round them, nor handed to Redis as
--- numbers, which some versions print in exponent notation. Consumption, which outgrows 2^53,
--- is summed here while that is exact, and by Redis's own 64-bit integers
--- (HINCRBY) past it.
+-- numbers, which Redis versions convert differently. Consumption, which
+-- outgrows 2^53, is summed here while that is exact, and by Redis's own
+-- 64-bit integers (HINCRBY) past it.
 --
 -- Cost per group in the common case (the limits unchanged since the
 -- bucket was written): one HMGET, one HSET and one PEXPIRE per bucket.
@@ -77,8 +77,8 @@ local function gcd(a, b)
   return a
 end
 
--- bucket.Refill, at a rate of da tokens every dt ms (amount / period in
--- lowest terms).
+-- bucket.Refill, at a rate of da millitokens every dt ms (amount / period
+-- in lowest terms).
 local function refill(amount, dt, da, burst, tk, rf, now)
   if tk >= burst then return burst, now end
   if tk < 0 then tk = 0 end
