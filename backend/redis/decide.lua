@@ -78,11 +78,11 @@ local function gcd(a, b)
 end
 
 -- bucket.Refill, at a rate of da millitokens every dt ms (amount / period
--- in lowest terms).
-local function refill(amount, dt, da, burst, tk, rf, now)
+-- in lowest terms; da is 0 for an amount of 0).
+local function refill(dt, da, burst, tk, rf, now)
   if tk >= burst then return burst, now end
   if tk < 0 then tk = 0 end
-  if rf > now or amount == 0 then return tk, rf end
+  if rf > now or da == 0 then return tk, rf end
   local steps = fdiv(now - rf, dt)
   if steps >= cdiv(burst - tk, da) then return burst, now end
   return tk + steps * da, rf + steps * dt
@@ -150,13 +150,13 @@ local function group(now, layouts, at, key)
         if rates then ra, rp, bx = num(rates[3 * i - 2]), num(rates[3 * i - 1]), num(rates[3 * i]) end
         if ra and rp and bx then
           local dt, da = lowest(ra, rp)
-          tk, rf = refill(ra, dt, da, bx, tk, rf, now)
+          tk, rf = refill(dt, da, bx, tk, rf, now)
         else
           tk = nil
         end
       end
       if tk and rf then
-        tks[j], rfs[j] = refill(l.amount, l.dt, l.da, l.burst, tk, rf, now)
+        tks[j], rfs[j] = refill(l.dt, l.da, l.burst, tk, rf, now)
       else
         tks[j], rfs[j] = l.burst, now
       end
@@ -296,7 +296,7 @@ for li = 1, num(ARGV[2]) do
     local amount, period = num(ARGV[at + 1]), num(ARGV[at + 2])
     local dt, da = lowest(amount, period)
     local l = {f = f, tk = f .. 'tk', rf = f .. 'rf', tc = f .. 'tc',
-      amount = amount, period = period, burst = num(ARGV[at + 3]), dt = dt, da = da,
+      burst = num(ARGV[at + 3]), dt = dt, da = da,
       amountArg = ARGV[at + 1], periodArg = ARGV[at + 2], burstArg = ARGV[at + 3]}
     lay.limits[i] = l
     local fs, rs = lay.fields, lay.rates
