@@ -27,8 +27,8 @@
 -- removed limits dropped.
 --
 -- Most of a script's time goes to Lua's own work rather than to the
--- commands (on a run of 16 buckets, the three commands per bucket are
--- under half of it), so that work is kept small: the sets of limits
+-- commands (on a run of 16 buckets the three commands per bucket are
+-- about half of it: BenchmarkScript), so that work is kept small: the sets of limits
 -- ("layouts") come once per run, however many buckets share them, with
 -- their field names and refill rates in lowest terms computed once; the
 -- per-group scratch tables are made once per run and reused; numbers are

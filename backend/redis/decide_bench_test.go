@@ -3,9 +3,12 @@ package redis
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
@@ -76,5 +79,73 @@ func BenchmarkDecide(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// BenchmarkScript runs one run of the decision script at a time on a
+// batch of 16 groups, each one allowed decision on a bucket of its own
+// with one limit, the shape of a busy replica's batch on many keys. Beside
+// the round trip (ns/op) it reports Redis's own time in the script
+// (usec_per_call of EVALSHA), which is what a run costs the Redis every
+// replica shares. "commands" is the floor: a script that only reads,
+// writes and expires the same 16 hashes.
+//
+//	go test ./backend/redis -run '^$' -bench Script -count 5
+func BenchmarkScript(b *testing.B) {
+	srv := redistest.Require(b)
+	client, err := Dial(b.Context(), Conn{URL: srv.URL()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(client.Close)
+	limits := []bucket.Limit{{Name: "rps", Amount: 1_000_000_000, Period: 1000, Burst: 1_000_000_000_000}}
+	groups := make([]scriptGroup, 16)
+	for i := range groups {
+		groups[i] = scriptGroup{
+			buckets: []scriptBucket{{key: "bench:{e" + strconv.Itoa(i) + "}:r", cfg: bucket.Fingerprint(limits), limits: limits, ttlMs: 600_000}},
+			calls:   []scriptCall{{costs: []int64{bucket.Milli}}},
+		}
+	}
+	commandsOnly := rueidis.NewLuaScript(`
+for k = 1, #KEYS do
+  redis.call('HMGET', KEYS[k], 'cfg', 'b_rps_tk', 'b_rps_rf', 'b_rps_tc')
+  redis.call('HSET', KEYS[k], 'b_rps_tk', '999', 'b_rps_rf', ARGV[1], 'b_rps_tc', '1')
+  redis.call('PEXPIRE', KEYS[k], 600000)
+end
+return 'ok'`)
+	for _, s := range []struct {
+		name   string
+		script *rueidis.Lua
+	}{{"decide", rueidis.NewLuaScript(decideLua)}, {"commands", commandsOnly}} {
+		b.Run(s.name, func(b *testing.B) {
+			ctx := b.Context()
+			now := time.Now().UnixMilli()
+			keys, argv := scriptArgs(now, groups)
+			if err := s.script.Exec(ctx, client, keys, argv).Error(); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := srv.Do(ctx, "CONFIG", "RESETSTAT"); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				if err := s.script.Exec(ctx, client, keys, argv).Error(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			stats, err := srv.Do(ctx, "INFO", "commandstats")
+			if err != nil {
+				b.Fatal(err)
+			}
+			_, line, _ := strings.Cut(stats, "cmdstat_evalsha:")
+			_, usec, _ := strings.Cut(line, "usec_per_call=")
+			usec, _, _ = strings.Cut(usec, ",")
+			v, err := strconv.ParseFloat(usec, 64)
+			if err != nil {
+				b.Fatalf("EVALSHA's usec_per_call in %q: %v", line, err)
+			}
+			b.ReportMetric(v, "µs-in-redis/run")
+		})
 	}
 }
