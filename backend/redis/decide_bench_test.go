@@ -16,6 +16,17 @@ import (
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
 )
 
+// dialServer connects to srv as serve does, for the test's lifetime.
+func dialServer(tb testing.TB, srv *redistest.Server) rueidis.Client {
+	tb.Helper()
+	client, err := Dial(tb.Context(), Conn{URL: srv.URL()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(client.Close)
+	return client
+}
+
 // BenchmarkDecide runs the decision path of the Redis backend (a real
 // redis-server on loopback) and of the memory backend side by side, with
 // 32 callers per CPU over 300 buckets (uniform) or one (hot), so that the
@@ -24,11 +35,7 @@ import (
 //	go test ./backend/redis -run '^$' -bench Decide -cpuprofile cpu.out
 func BenchmarkDecide(b *testing.B) {
 	srv := redistest.Require(b)
-	client, err := Dial(b.Context(), Conn{URL: srv.URL()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(client.Close)
+	client := dialServer(b, srv)
 	limits := []bucket.Limit{{Name: "rps", Amount: 1_000_000_000, Period: 1000, Burst: 1_000_000_000}}
 	for _, load := range []struct {
 		name string
@@ -90,14 +97,10 @@ func BenchmarkDecide(b *testing.B) {
 // replica shares. "commands" is the floor: a script that only reads,
 // writes and expires the same 16 hashes.
 //
-//	go test ./backend/redis -run '^$' -bench Script -count 5
+//	go test ./backend/redis -run '^$' -bench Script -count 3
 func BenchmarkScript(b *testing.B) {
 	srv := redistest.Require(b)
-	client, err := Dial(b.Context(), Conn{URL: srv.URL()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(client.Close)
+	client := dialServer(b, srv)
 	limits := []bucket.Limit{{Name: "rps", Amount: 1_000_000_000, Period: 1000, Burst: 1_000_000_000_000}}
 	groups := make([]scriptGroup, 16)
 	for i := range groups {
