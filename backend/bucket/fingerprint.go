@@ -12,8 +12,14 @@ import (
 // stored bucket keeps the fingerprint of the limits it was built from, so a
 // changed config is noticed on the bucket's next write (the cfg attribute).
 func Fingerprint(limits []Limit) string {
-	sorted := slices.Clone(limits)
-	slices.SortFunc(sorted, func(a, b Limit) int { return strings.Compare(a.Name, b.Name) })
+	byName := func(a, b Limit) int { return strings.Compare(a.Name, b.Name) }
+	sorted := limits
+	if !slices.IsSortedFunc(limits, byName) {
+		// Most sets come sorted (and a set of one always does), so the
+		// copy is rare: a fingerprint is taken on every decision.
+		sorted = slices.Clone(limits)
+		slices.SortFunc(sorted, byName)
+	}
 	h := fnv.New64a()
 	var buf [8]byte
 	for _, l := range sorted {
