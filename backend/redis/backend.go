@@ -175,8 +175,8 @@ const far = int64(1) << 50
 // decides and writes every bucket the request is charged to.
 func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
 	var resBuf [2]backend.Resolved
-	var bsBuf [2]scriptBucket
-	res, bs := resBuf[:0], bsBuf[:0]
+	p := &pending{ctx: ctx}
+	res, bs := resBuf[:0], p.bucketBuf[:0]
 	sets := [2]*recordcache.Set{}
 	var err error
 	if sets[0], err = b.records.get(ctx, req.Entity, req.Resource); err != nil {
@@ -219,11 +219,14 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if len(bs) == 0 {
 		return backend.NotLimited(), nil
 	}
-	var limits []bucket.Limit
-	for i := range bs {
-		limits = append(limits, bs[i].limits...)
+	// One bucket's limits are its resolved ones, shared as the memory
+	// backend shares them: nobody writes to a Decision's Limits.
+	limits := bs[0].limits
+	if len(bs) > 1 {
+		limits = slices.Concat(bs[0].limits, bs[1].limits)
 	}
-	p := &pending{ctx: ctx, buckets: bs, call: scriptCall{refund: req.Refund, costs: costs(req, limits)}}
+	p.buckets = bs
+	p.call = scriptCall{refund: req.Refund, costs: costs(req, limits, p.costBuf[:0])}
 	if err := b.run(ctx, p); err != nil {
 		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
 	}
@@ -306,31 +309,43 @@ func (b *Backend) script1(batch []*pending) {
 type callAt struct{ group, call int }
 
 // groupCalls sorts batch's calls into groups, in order of first arrival,
-// each call in arrival order in its group, and says where each went.
+// each call in arrival order in its group, and says where each went. The
+// groups' calls share one slice, so a batch costs a few allocations
+// however many groups it has.
 func groupCalls(batch []*pending) ([]scriptGroup, []callAt) {
 	at := make([]callAt, len(batch))
 	if len(batch) == 1 {
 		return []scriptGroup{{buckets: batch[0].buckets, calls: []scriptCall{batch[0].call}}}, at
 	}
 	groups := make([]scriptGroup, 0, len(batch))
-	// The groups whose first bucket has a key, to look among: a key
-	// rarely has more than one.
-	byKey := make(map[string][]int, len(batch))
+	counts := make([]int, 0, len(batch))
+	// The first group whose first bucket has a key: a key rarely has
+	// more than one (its limits changed, or a cascade's parent differs),
+	// and then the others are found by a scan.
+	byKey := make(map[string]int, len(batch))
 	for i, p := range batch {
-		g := -1
-		for _, j := range byKey[p.buckets[0].key] {
-			if sameBuckets(groups[j].buckets, p.buckets) {
-				g = j
-				break
-			}
+		g, ok := byKey[p.buckets[0].key]
+		if ok && !sameBuckets(groups[g].buckets, p.buckets) {
+			g = slices.IndexFunc(groups, func(o scriptGroup) bool { return sameBuckets(o.buckets, p.buckets) })
+			ok = g >= 0
 		}
-		if g < 0 {
+		if !ok {
 			g = len(groups)
-			byKey[p.buckets[0].key] = append(byKey[p.buckets[0].key], g)
+			if _, taken := byKey[p.buckets[0].key]; !taken {
+				byKey[p.buckets[0].key] = g
+			}
 			groups = append(groups, scriptGroup{buckets: p.buckets})
+			counts = append(counts, 0)
 		}
-		at[i] = callAt{group: g, call: len(groups[g].calls)}
-		groups[g].calls = append(groups[g].calls, p.call)
+		at[i] = callAt{group: g, call: counts[g]}
+		counts[g]++
+	}
+	calls := make([]scriptCall, len(batch))
+	for g := range groups {
+		groups[g].calls, calls = calls[:counts[g]:counts[g]], calls[counts[g]:]
+	}
+	for i, p := range batch {
+		groups[at[i].group].calls[at[i].call] = p.call
 	}
 	return groups, at
 }
@@ -343,15 +358,14 @@ func sameBuckets(a, b []scriptBucket) bool {
 	})
 }
 
-// costs is what req costs each of limits, or for a refund what it gives
-// back.
-func costs(req *backend.Request, limits []bucket.Limit) []int64 {
-	out := make([]int64, len(limits))
-	for i, l := range limits {
+// costs appends to out what req costs each of limits, or for a refund
+// what it gives back.
+func costs(req *backend.Request, limits []bucket.Limit, out []int64) []int64 {
+	for _, l := range limits {
 		if req.Refund {
-			out[i] = bucket.RefundAmount(l, req.Hits)
+			out = append(out, bucket.RefundAmount(l, req.Hits))
 		} else {
-			out[i] = bucket.Cost(l, req.Hits)
+			out = append(out, bucket.Cost(l, req.Hits))
 		}
 	}
 	return out

@@ -49,6 +49,11 @@ type pending struct {
 	// buckets are the buckets the call is on, call what it costs them.
 	buckets []scriptBucket
 	call    scriptCall
+	// Room for the buckets and costs of most calls (a bucket, or a
+	// cascade's two, with a few limits), so that they come with the
+	// pending's own allocation.
+	bucketBuf [2]scriptBucket
+	costBuf   [4]int64
 	// follower: the call waits in a queue, and wake receives once its
 	// answer is in.
 	follower bool

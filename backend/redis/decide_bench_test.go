@@ -74,11 +74,15 @@ func BenchmarkDecide(b *testing.B) {
 				b.ReportAllocs()
 				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
-					ctx := context.Background()
 					for pb.Next() {
 						n := next.Add(1)
 						req := backend.Request{Entity: "e" + strconv.FormatUint(n%uint64(load.keys), 10), Resource: "r", Defaults: limits, Hits: 1}
-						if _, err := be.Decide(ctx, &req); err != nil {
+						// A deadline on every call, as the service gives
+						// every call one.
+						ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+						_, err := be.Decide(ctx, &req)
+						cancel()
+						if err != nil {
 							b.Error(err)
 							return
 						}

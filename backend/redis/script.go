@@ -76,54 +76,101 @@ func scriptArgs(now int64, groups []scriptGroup) (keys, argv []string) {
 		layouts = append(layouts, b)
 		return len(layouts) - 1
 	}
-	nkeys, nbody := 0, 1
+	nkeys, nargs := 0, 3
 	for _, g := range groups {
 		nkeys += len(g.buckets)
-		nbody += 2 + 2*len(g.buckets) + len(g.calls)*(1+g.limits())
+		nargs += 2 + 2*len(g.buckets) + len(g.calls)*(1+g.limits())
+		for _, b := range g.buckets {
+			layoutOf(b)
+		}
+	}
+	for _, l := range layouts {
+		nargs += 2 + 4*len(l.limits)
 	}
 	keys = make([]string, 0, nkeys)
-	body := make([]string, 0, nbody)
-	body = append(body, strconv.Itoa(len(groups)))
+	a := newArgs(nargs)
+	a.int(now)
+	a.int(int64(len(layouts)))
+	for _, l := range layouts {
+		a.str(l.cfg)
+		a.int(int64(len(l.limits)))
+		for _, x := range l.limits {
+			a.str(x.Name)
+			a.int(x.Amount)
+			a.int(x.Period)
+			a.int(x.Burst)
+		}
+	}
+	a.int(int64(len(groups)))
 	for _, g := range groups {
-		body = append(body, strconv.Itoa(len(g.buckets)))
+		a.int(int64(len(g.buckets)))
 		for _, b := range g.buckets {
 			keys = append(keys, b.key)
-			body = append(body, strconv.Itoa(1+layoutOf(b)), strconv.FormatInt(b.ttlMs, 10))
+			a.int(int64(1 + layoutOf(b)))
+			a.int(b.ttlMs)
 		}
-		body = append(body, strconv.Itoa(len(g.calls)))
+		a.int(int64(len(g.calls)))
 		for _, c := range g.calls {
-			mode := "d"
 			if c.refund {
-				mode = "r"
+				a.str("r")
+			} else {
+				a.str("d")
 			}
-			body = append(body, mode)
 			for _, cost := range c.costs {
-				body = append(body, strconv.FormatInt(cost, 10))
+				a.int(cost)
 			}
 		}
 	}
-	nlayout := 0
-	for _, l := range layouts {
-		nlayout += 2 + 4*len(l.limits)
+	return keys, a.done()
+}
+
+// args builds a script's arguments, writing every number into one buffer
+// that becomes one string, so that a run costs a few allocations however
+// many numbers it carries (a batch carries several per decision).
+type args struct {
+	list []string
+	buf  []byte
+	// nums are the numbers' places: in list, and their ends in buf.
+	nums []argNum
+}
+
+type argNum struct{ at, end int }
+
+func newArgs(n int) *args {
+	return &args{list: make([]string, 0, n), buf: make([]byte, 0, 8*n), nums: make([]argNum, 0, n)}
+}
+
+func (a *args) str(s string) { a.list = append(a.list, s) }
+
+func (a *args) int(n int64) {
+	a.buf = strconv.AppendInt(a.buf, n, 10)
+	a.nums = append(a.nums, argNum{at: len(a.list), end: len(a.buf)})
+	a.list = append(a.list, "")
+}
+
+// done returns the arguments; a is not used again.
+func (a *args) done() []string {
+	s, start := string(a.buf), 0
+	for _, n := range a.nums {
+		a.list[n.at] = s[start:n.end]
+		start = n.end
 	}
-	argv = make([]string, 0, 2+nlayout+len(body))
-	argv = append(argv, strconv.FormatInt(now, 10), strconv.Itoa(len(layouts)))
-	for _, l := range layouts {
-		argv = append(argv, l.cfg, strconv.Itoa(len(l.limits)))
-		for _, x := range l.limits {
-			argv = append(argv, x.Name, strconv.FormatInt(x.Amount, 10), strconv.FormatInt(x.Period, 10),
-				strconv.FormatInt(x.Burst, 10))
-		}
-	}
-	return keys, append(argv, body...)
+	return a.list
 }
 
 // groupOK opens a group's answer in decideLua's reply; anything else in
 // its place is Redis's error for the group.
 const groupOK = "ok"
 
-// parseReply reads decideLua's reply for a run of groups.
+// parseReply reads decideLua's reply for a run of groups. The answers of
+// every call share three allocations: a run answers many calls.
 func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupReply, error) {
+	ncalls, nstates := 0, 0
+	for _, g := range groups {
+		ncalls += len(g.calls)
+		nstates += len(g.calls) * g.limits()
+	}
+	allowed, after, states := make([]bool, ncalls), make([][]bucket.State, ncalls), make([]bucket.State, nstates)
 	out := make([]groupReply, len(groups))
 	at := 0
 	short := func() error {
@@ -138,15 +185,16 @@ func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupRepl
 			return nil, fmt.Errorf("redis: decision script answered a group with %v", err)
 		}
 		at++
+		nc, nlimits := len(g.calls), g.limits()
+		r := groupReply{allowed: allowed[:nc:nc], after: after[:nc:nc]}
+		allowed, after = allowed[nc:], after[nc:]
 		if status != groupOK {
 			out[gi].err = fmt.Errorf("redis: %s", status)
 			continue
 		}
-		nlimits := g.limits()
-		if len(reply)-at < len(g.calls)*(1+2*nlimits) {
+		if len(reply)-at < nc*(1+2*nlimits) {
 			return nil, short()
 		}
-		r := groupReply{allowed: make([]bool, len(g.calls)), after: make([][]bucket.State, len(g.calls))}
 		var bad error
 		next := func() int64 {
 			n, err := reply[at].ToInt64()
@@ -156,7 +204,7 @@ func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupRepl
 			at++
 			return n
 		}
-		for c := range g.calls {
+		for c := range nc {
 			switch next() {
 			case 1:
 				r.allowed[c] = true
@@ -164,7 +212,7 @@ func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupRepl
 			default:
 				bad = errors.Join(bad, errors.New("redis: decision script answered neither 1 nor 0 for allowed"))
 			}
-			r.after[c] = make([]bucket.State, nlimits)
+			r.after[c], states = states[:nlimits:nlimits], states[nlimits:]
 			for i := range nlimits {
 				r.after[c][i] = bucket.State{Tokens: next(), Clock: next()}
 			}

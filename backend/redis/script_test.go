@@ -254,7 +254,7 @@ func TestScriptDecidesGroupsInOrder(t *testing.T) {
 					if r.IntN(6) == 0 {
 						req.Hits = r.Uint64N(uint64(bucket.MaxTokens))
 					}
-					calls[i] = scriptCall{refund: req.Refund, costs: costs(&req, limits)}
+					calls[i] = scriptCall{refund: req.Refund, costs: costs(&req, limits, nil)}
 					_, allowed := backend.Apply(&req, limits, states, now)
 					wrote = wrote || req.Refund || (allowed && req.Hits > 0)
 					after := []int64{b2i(allowed)}
