@@ -48,7 +48,9 @@ type Decision struct {
 	Allowed bool
 	// Limits and Results cover every limit charged: the entity's bucket
 	// first, then the parent's. Both are empty when no level gave the
-	// bucket any limit (the request is not limited).
+	// bucket any limit (the request is not limited). Limits may be the
+	// backend's own resolved limits, shared with other decisions: read
+	// them, never write to them.
 	Limits  []bucket.Limit
 	Results []bucket.Result
 	// Binding indexes the limit that explains the decision (see

@@ -32,11 +32,7 @@ func TestBatchContext(t *testing.T) {
 		if ctx.Err() != nil {
 			t.Fatal("batch ended with its first caller")
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("batch outlived its latest deadline")
-		}
+		mustEnd(t, ctx, "batch outlived its latest deadline")
 	})
 	t.Run("cancellation", func(t *testing.T) {
 		a, cancelA := context.WithCancel(bg)
@@ -53,11 +49,7 @@ func TestBatchContext(t *testing.T) {
 			t.Fatal("batch ended with its first caller")
 		}
 		cancelB()
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Second):
-			t.Fatal("batch outlived every caller")
-		}
+		mustEnd(t, ctx, "batch outlived every caller")
 	})
 	t.Run("released", func(t *testing.T) {
 		a, cancelA := context.WithCancel(bg)
@@ -68,4 +60,14 @@ func TestBatchContext(t *testing.T) {
 			t.Fatal("released batch context still alive")
 		}
 	})
+}
+
+// mustEnd fails with why unless ctx ends within a few seconds.
+func mustEnd(t *testing.T, ctx context.Context, why string) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal(why)
+	}
 }

@@ -178,24 +178,3 @@ func TestLaneCascadesDoNotDeadlock(t *testing.T) {
 		t.Fatalf("%d lanes kept after everyone left", len(l.m))
 	}
 }
-
-// A batch's calls run under a context that lives until the last of them
-// gives up, so a leader's short deadline does not fail its followers.
-func TestBatchContextOutlivesTheLeader(t *testing.T) {
-	bg := context.Background()
-	short, cancelShort := context.WithCancel(bg)
-	long, cancelLong := context.WithCancel(bg)
-	ctx, release := batchContext([]*call{newCall(short, nil, "g"), newCall(long, nil, "g")})
-	defer release()
-	cancelShort()
-	time.Sleep(10 * time.Millisecond)
-	if ctx.Err() != nil {
-		t.Fatal("batch context ended with its first call")
-	}
-	cancelLong()
-	select {
-	case <-ctx.Done():
-	case <-time.After(2 * time.Second):
-		t.Fatal("batch context outlived every call")
-	}
-}

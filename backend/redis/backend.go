@@ -219,8 +219,8 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if len(bs) == 0 {
 		return backend.NotLimited(), nil
 	}
-	// One bucket's limits are its resolved ones, shared as the memory
-	// backend shares them: nobody writes to a Decision's Limits.
+	// One bucket's limits are its resolved ones, shared (Decision.Limits
+	// is read-only).
 	limits := bs[0].limits
 	if len(bs) > 1 {
 		limits = slices.Concat(bs[0].limits, bs[1].limits)
@@ -324,16 +324,15 @@ func groupCalls(batch []*pending) ([]scriptGroup, []callAt) {
 	// and then the others are found by a scan.
 	byKey := make(map[string]int, len(batch))
 	for i, p := range batch {
-		g, ok := byKey[p.buckets[0].key]
-		if ok && !sameBuckets(groups[g].buckets, p.buckets) {
+		g, known := byKey[p.buckets[0].key]
+		if known && !sameBuckets(groups[g].buckets, p.buckets) {
 			g = slices.IndexFunc(groups, func(o scriptGroup) bool { return sameBuckets(o.buckets, p.buckets) })
-			ok = g >= 0
 		}
-		if !ok {
-			g = len(groups)
-			if _, taken := byKey[p.buckets[0].key]; !taken {
-				byKey[p.buckets[0].key] = g
+		if !known || g < 0 {
+			if !known {
+				byKey[p.buckets[0].key] = len(groups)
 			}
+			g = len(groups)
 			groups = append(groups, scriptGroup{buckets: p.buckets})
 			counts = append(counts, 0)
 		}
