@@ -286,6 +286,8 @@ func TestRunRejects(t *testing.T) {
 		"negative rate":    {Config{Addrs: []string{"127.0.0.1:1"}, Rate: -1, Duration: time.Second, Workload: SingleKey()}, "rate -1"},
 		"NaN rate":         {Config{Addrs: []string{"127.0.0.1:1"}, Rate: math.NaN(), Duration: time.Second, Workload: SingleKey()}, "rate NaN"},
 		"no target":        {Config{Duration: time.Second, Workload: SingleKey()}, "no target address"},
+		"negative series":  {Config{Addrs: []string{"127.0.0.1:1"}, Series: -time.Second, Duration: time.Second, Workload: SingleKey()}, "series -1s"},
+		"too many windows": {Config{Addrs: []string{"127.0.0.1:1"}, Series: time.Millisecond, Duration: 2 * time.Second, Workload: SingleKey()}, "2000 windows"},
 	} {
 		if _, err := Run(t.Context(), c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: Run(%+v) = %v, want an error naming %q", name, c.cfg, err, c.want)
@@ -371,8 +373,8 @@ func TestRunTimeout(t *testing.T) {
 	if r.Requests < 4*5 || r.Errors != r.Requests || r.OK != 0 {
 		t.Fatalf("%+v: want many calls, all failed", r)
 	}
-	if n := r.ErrorCodes[codes.DeadlineExceeded]; n != r.Errors || len(r.ErrorCodes) != 1 {
-		t.Fatalf("errors by code %v of %d: want all DeadlineExceeded", r.ErrorCodes, r.Errors)
+	if n := r.ErrorCodes[codes.DeadlineExceeded]; n != r.Errors || len(r.ErrorCodes) != 1 || r.PastDeadline != n {
+		t.Fatalf("errors by code %v of %d, %d past the deadline: want all DeadlineExceeded", r.ErrorCodes, r.Errors, r.PastDeadline)
 	}
 }
 

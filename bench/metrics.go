@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
@@ -323,13 +324,20 @@ func newScraper(urls []string) *scraper {
 	return &scraper{urls: urls, client: &http.Client{Timeout: scrapeTimeout}}
 }
 
-// scrape reads every page and sums them.
+// scrape reads every page, all at once so that the pages of a fleet are
+// read as close together in time as they can be, and sums them.
 func (sc *scraper) scrape(ctx context.Context) (Snapshot, error) {
+	pages := make([]Snapshot, len(sc.urls))
+	errs := make([]error, len(sc.urls))
+	var wg sync.WaitGroup
+	for i, u := range sc.urls {
+		wg.Go(func() { pages[i], errs[i] = sc.page(ctx, u) })
+	}
+	wg.Wait()
 	sum := newSnapshot()
-	for _, u := range sc.urls {
-		s, err := sc.page(ctx, u)
-		if err != nil {
-			return Snapshot{}, err
+	for i, s := range pages {
+		if errs[i] != nil {
+			return Snapshot{}, errs[i]
 		}
 		sum.add(s)
 	}

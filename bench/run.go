@@ -79,6 +79,20 @@ type Config struct {
 	Metrics []string
 	// Workload is what the requests carry.
 	Workload Workload
+	// Series, when positive, also records the measured run in windows
+	// of this length from its first call (Result.Series), and with
+	// Metrics scrapes every page at each window boundary, so that each
+	// window has what the backend did in it. Duration may make at most
+	// MaxWindows windows.
+	Series time.Duration
+	// Prime, when true, sends one call to each target before the warmup,
+	// all at once, each with no deadline, and waits for every answer
+	// (Result.Prime): the workload's first request (its first key), so
+	// that every replica has read the key's config and seen its bucket
+	// before the measured calls, with their deadlines, arrive. The
+	// calls count in no total of the run; what they were answered is in
+	// Result.Prime.
+	Prime bool
 }
 
 // Result is the outcome of a measured run.
@@ -98,8 +112,13 @@ type Result struct {
 	// Dropped those never sent because every worker was busy until the
 	// run ended (Scheduled - Requests). Latency includes the lateness.
 	Scheduled, Late, Dropped uint64
-	// Elapsed runs from the first call to the last answer.
+	// Start is when the run's first call was sent; Elapsed runs from
+	// then to the last answer.
+	Start   time.Time
 	Elapsed time.Duration
+	// PastDeadline counts the failed calls whose deadline passed first
+	// (DeadlineExceeded; with Config.Timeout, each call's own).
+	PastDeadline uint64
 	// Throughput is answered calls per second of Elapsed.
 	Throughput float64
 	// Latency quantiles and maximum of the answered calls, within 1.6%.
@@ -107,6 +126,25 @@ type Result struct {
 	// Usage is what the backend did during the run, from Sluice's
 	// metrics; nil without Config.Metrics.
 	Usage *Usage
+	// Series is the run in windows (Config.Series); nil without.
+	Series []Window
+	// Prime is what the priming calls were answered (Config.Prime); nil
+	// without.
+	Prime *Prime
+}
+
+// Prime is the outcome of the priming calls (Config.Prime): one per
+// target, each with no deadline.
+type Prime struct {
+	// Calls is the number of calls, one per target; OK and OverLimit
+	// count their answers.
+	Calls, OK, OverLimit uint64
+	// Took runs from when the calls were sent to the last answer; Lead
+	// from then to the first call of the measured run (Took, any warmup,
+	// and the scrape before the run). A bound on what a key admits from
+	// its first call counts Lead + Result.Elapsed, and OK besides the
+	// run's.
+	Took, Lead time.Duration
 }
 
 // Run dials every target, checks that each answers, and then drives the
@@ -128,19 +166,29 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	defer closeConns()
 	// One call per connection: connects them all before the clock starts
-	// and turns a wrong address or domain into an error instead of a run
-	// made only of errors.
+	// and turns a wrong address into an error instead of a run made only
+	// of errors. The call carries a descriptor no rule matches
+	// (ProbeKey), so it touches none of the workload's buckets: a run
+	// without warmup starts on keys as new as they were.
 	probeCtx, cancel := context.WithTimeout(ctx, cfg.Grace)
 	defer cancel()
 	for i, c := range conns {
-		if _, err := c.client.ShouldRateLimit(probeCtx, reqs.reqs[0], grpc.WaitForReady(true)); err != nil {
+		if _, err := c.client.ShouldRateLimit(probeCtx, reqs.probe, grpc.WaitForReady(true)); err != nil {
 			return Result{}, fmt.Errorf("first call on connection %d to %s: %w", i, c.addr, err)
+		}
+	}
+	var primed *Prime
+	var primeStart time.Time
+	if cfg.Prime {
+		primeStart = time.Now()
+		if primed, err = prime(ctx, conns[:len(cfg.Addrs)], reqs.reqs[0]); err != nil {
+			return Result{}, err
 		}
 	}
 	if cfg.Warmup > 0 {
 		warm := cfg
 		warm.Duration, warm.Requests = cfg.Warmup, 0
-		drive(ctx, warm, conns, reqs)
+		drive(ctx, warm, conns, reqs, nil)
 	}
 	var sc *scraper
 	var before Snapshot
@@ -153,19 +201,64 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return Result{}, fmt.Errorf("before the run: %w", err)
 		}
 	}
-	r := drive(ctx, cfg, conns, reqs)
+	var s *series
+	if cfg.Series > 0 {
+		s = newSeries(cfg, sc, before)
+	}
+	r := drive(ctx, cfg, conns, reqs, s)
+	if primed != nil {
+		primed.Lead = r.Start.Sub(primeStart)
+		r.Prime = primed
+	}
+	var after *Snapshot
+	var afterAt time.Duration
 	if sc != nil {
 		// The run's context may have ended the run; the last scrape still
 		// has to happen for the result to mean anything.
-		after, err := sc.scrape(context.WithoutCancel(ctx))
+		afterAt = time.Since(r.Start)
+		snap, err := sc.scrape(context.WithoutCancel(ctx))
 		if err != nil {
+			if s != nil {
+				r.Series = s.result(r.Elapsed, nil, 0, len(cfg.Metrics))
+			}
 			return r, fmt.Errorf("after the run: %w", err)
 		}
+		after = &snap
 		u := after.Sub(before).Usage(r.OK, r.OverLimit)
 		u.Pages = len(cfg.Metrics)
 		r.Usage = &u
 	}
+	if s != nil {
+		r.Series = s.result(r.Elapsed, after, afterAt, len(cfg.Metrics))
+	}
 	return r, nil
+}
+
+// prime sends one call of req on each of conns, all at once and each
+// with no deadline, and waits for every answer. A failed call fails the
+// run: the fleet is not ready for it.
+func prime(ctx context.Context, conns []conn, req *rlsv3.RateLimitRequest) (*Prime, error) {
+	start := time.Now()
+	resps := make([]*rlsv3.RateLimitResponse, len(conns))
+	errs := make([]error, len(conns))
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Go(func() { resps[i], errs[i] = c.client.ShouldRateLimit(ctx, req) })
+	}
+	wg.Wait()
+	p := &Prime{Calls: uint64(len(conns)), Took: time.Since(start)}
+	for i, resp := range resps {
+		if errs[i] != nil {
+			return nil, fmt.Errorf("priming call to %s: %w", conns[i].addr, errs[i])
+		}
+		switch resp.GetOverallCode() {
+		case rlsv3.RateLimitResponse_OK:
+			p.OK++
+		case rlsv3.RateLimitResponse_OVER_LIMIT:
+			p.OverLimit++
+		}
+	}
+	return p, nil
 }
 
 // check validates cfg and fills in the defaults.
@@ -196,6 +289,10 @@ func (cfg *Config) check() error {
 		return fmt.Errorf("timeout %v: want 0 (none) or a positive duration", cfg.Timeout)
 	case !(cfg.Rate >= 0) || math.IsInf(cfg.Rate, 1):
 		return fmt.Errorf("rate %v: want 0 (closed loop) or a finite number of calls per second", cfg.Rate)
+	case cfg.Series < 0:
+		return fmt.Errorf("series %v: want 0 (none) or a positive window", cfg.Series)
+	case cfg.Series > 0 && numWindows(cfg.Duration, cfg.Series) > MaxWindows:
+		return fmt.Errorf("series %v: %d windows over %v, more than %d", cfg.Series, numWindows(cfg.Duration, cfg.Series), cfg.Duration, MaxWindows)
 	}
 	for _, addr := range cfg.Addrs {
 		if err := checkLoopbackAddr(addr); err != nil {
@@ -287,32 +384,44 @@ func (t *tally) failed(err error) {
 }
 
 // call makes one call, with its own deadline when timeout is positive,
-// and counts its outcome. Its latency runs from due: when it was sent in
-// a closed loop, when it was scheduled in an open one.
-func (t *tally) call(ctx context.Context, client rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest, timeout time.Duration, due time.Time) {
+// and counts its outcome, in s's window too when there is a series. Its
+// latency runs from due: when it was sent in a closed loop, when it was
+// scheduled in an open one, where late says it was sent behind time.
+func (t *tally) call(ctx context.Context, client rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest, timeout time.Duration, due time.Time, late bool, s *series) {
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
 	resp, err := client.ShouldRateLimit(ctx, req)
-	lat := time.Since(due)
+	now := time.Now()
+	lat := now.Sub(due)
 	t.requests++
+	if late {
+		t.late++
+	}
 	if err != nil {
 		t.failed(err)
+		if s != nil {
+			s.record(now, lat, err, false, false, late)
+		}
 		return
 	}
 	t.hist.record(lat)
-	switch resp.GetOverallCode() {
+	code := resp.GetOverallCode()
+	switch code {
 	case rlsv3.RateLimitResponse_OK:
 		t.ok++
 	case rlsv3.RateLimitResponse_OVER_LIMIT:
 		t.over++
 	}
+	if s != nil {
+		s.record(now, lat, nil, code == rlsv3.RateLimitResponse_OK, code == rlsv3.RateLimitResponse_OVER_LIMIT, late)
+	}
 }
 
-// drive runs the load of cfg and measures it.
-func drive(ctx context.Context, cfg Config, conns []conn, reqs *requestSet) Result {
+// drive runs the load of cfg and measures it, in windows too with s.
+func drive(ctx context.Context, cfg Config, conns []conn, reqs *requestSet, s *series) Result {
 	// Calls run under a context that outlives the run by the grace period,
 	// so the calls in flight when it ends are answered (and counted), not
 	// cancelled. Without a per-call timeout, one deadline for the whole
@@ -331,6 +440,10 @@ func drive(ctx context.Context, cfg Config, conns []conn, reqs *requestSet) Resu
 	defer timer.Stop()
 	unhook := context.AfterFunc(ctx, func() { stop.Store(true) })
 	defer unhook()
+	if s != nil {
+		s.start = start
+		go s.scrapeLoop(ctx)
+	}
 	// An open loop's slots: slot n is due at start + n*interval. Workers
 	// take them in order, so a slot nobody took is one that came due
 	// while every worker was busy.
@@ -360,13 +473,10 @@ func drive(ctx context.Context, cfg Config, conns []conn, reqs *requestSet) Resu
 					if wait := time.Until(at); wait > 0 {
 						time.Sleep(wait)
 					}
-					if time.Since(at) > LateAfter {
-						t.late++
-					}
 					if stop.Load() {
 						return
 					}
-					t.call(runCtx, client, p.next(), cfg.Timeout, at)
+					t.call(runCtx, client, p.next(), cfg.Timeout, at, time.Since(at) > LateAfter, s)
 				}
 				return
 			}
@@ -374,14 +484,18 @@ func drive(ctx context.Context, cfg Config, conns []conn, reqs *requestSet) Resu
 				if cfg.Requests > 0 && budget.Add(-1) < 0 {
 					return
 				}
-				t.call(runCtx, client, p.next(), cfg.Timeout, time.Now())
+				t.call(runCtx, client, p.next(), cfg.Timeout, time.Now(), false, s)
 			}
 		})
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	if s != nil {
+		close(s.done)
+		<-s.scraped
+	}
 
-	r := Result{Elapsed: elapsed}
+	r := Result{Start: start, Elapsed: elapsed}
 	if cfg.Rate > 0 {
 		// A run cut short (ctx) schedules only the slots that came due.
 		r.Scheduled = uint64(min(due, int64(elapsed.Seconds()*cfg.Rate)+1))
@@ -403,6 +517,7 @@ func drive(ctx context.Context, cfg Config, conns []conn, reqs *requestSet) Resu
 		}
 		hist.merge(&t.hist)
 	}
+	r.PastDeadline = byCode[codes.DeadlineExceeded]
 	if r.Errors > 0 {
 		r.ErrorCodes = make(map[codes.Code]uint64)
 		for c, n := range byCode {

@@ -65,6 +65,12 @@ func ParseEntry(s string) (Entry, error) {
 	return Entry{Key: k, Value: v}, nil
 }
 
+// ProbeKey is the descriptor key of the call Run makes on each
+// connection before the clock starts: no rule should match it, so that
+// the call reaches no backend and touches none of the workload's
+// buckets.
+const ProbeKey = "sluice_bench_probe"
+
 // Defaults for zero Workload fields.
 const (
 	// DefaultHotFraction is the share of the hot key for Hot.
@@ -119,6 +125,9 @@ type requestSet struct {
 	// over is sent instead of reqs with probability overFraction.
 	over         *rlsv3.RateLimitRequest
 	overFraction float64
+	// probe is the connection check's request (ProbeKey), in the
+	// workload's domain.
+	probe *rlsv3.RateLimitRequest
 }
 
 func (w Workload) build() (*requestSet, error) {
@@ -145,6 +154,7 @@ func (w Workload) build() (*requestSet, error) {
 	rs := &requestSet{
 		reqs: make([]*rlsv3.RateLimitRequest, n), dist: w.Dist,
 		hot: w.HotFraction, zipfS: w.ZipfS, overFraction: w.OverFraction,
+		probe: request(w.Domain, []Entry{{ProbeKey, "x"}}, ""),
 	}
 	if rs.hot == 0 {
 		rs.hot = DefaultHotFraction
