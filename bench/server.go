@@ -43,6 +43,9 @@ const (
 	OverKey = "bench_over"
 	// HotKey has a finite limit, 2000/s, for accuracy runs.
 	HotKey = "bench_hot"
+	// FarKey has a finite limit, 500/s, for the at-limit run with the
+	// store far away (matrix.sh's far-limit).
+	FarKey = "bench_far"
 )
 
 // RulesYAML is the mapping config the benchmarks load, and the file
