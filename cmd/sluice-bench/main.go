@@ -62,20 +62,24 @@ func main() {
 
 // options are the command line.
 type options struct {
-	args                   []string
-	addrs, metrics         []string
-	domain                 string
-	entries, over          []bench.Entry
-	overLimit              float64
-	rounds                 int
-	concurrency, conns     int
-	rate                   float64
-	keys                   int
-	dist                   bench.Distribution
-	hot, zipfS             float64
-	duration, warmup       time.Duration
-	timeout                time.Duration
-	requests               int64
+	args               []string
+	addrs, metrics     []string
+	domain             string
+	entries, over      []bench.Entry
+	overLimit          float64
+	rounds             int
+	concurrency, conns int
+	rate               float64
+	keys               int
+	dist               bench.Distribution
+	hot, zipfS         float64
+	duration, warmup   time.Duration
+	timeout            time.Duration
+	requests           int64
+	// series is the window of the time series (-series); prime and
+	// fresh are -prime and -fresh.
+	series                 time.Duration
+	prime, fresh           bool
 	json                   bool
 	cpuProfile, memProfile string
 	// Compare mode's Redis side: a redis-server of its own (redis), or
@@ -182,6 +186,9 @@ Flags:
 	fs.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured load before each run; 0 for none")
 	fs.DurationVar(&o.timeout, "timeout", 0, "deadline of each call, as Envoy's filter timeout (20ms by default); 0 for none")
 	fs.Int64Var(&o.requests, "requests", 0, "also end each run after this many calls; 0 for no count bound")
+	fs.DurationVar(&o.series, "series", 0, "with -addr: also report the measured run in windows this `long` from its first call (calls, answers, errors, latency, and with -metrics the backend's writes and calls, scraped at each window boundary); 0 for none")
+	fs.BoolVar(&o.prime, "prime", false, "with -addr: before the warmup, send one call (the first key) with no deadline to each target, all at once, and wait for the answers")
+	fs.BoolVar(&o.fresh, "fresh", false, "with -addr: append a value unique to this run to the last -descriptor entry's value, so that the run's keys are new to the fleet")
 	fs.IntVar(&o.keys, "keys", 1, "distinct descriptor values (the last entry's value gets -0, -1, ... appended); with 1, one fixed value")
 	fs.Func("dist", "how calls spread over -keys: `fixed|uniform|hot|zipf` (default fixed, uniform when -keys > 1)", func(s string) error {
 		d, err := bench.ParseDistribution(s)
@@ -215,6 +222,12 @@ Flags:
 		return o, errors.New("-domain, -descriptor and -over-descriptor go with -addr; compare mode sends its own benchmark rules' descriptors")
 	case !driving && set["metrics"]:
 		return o, errors.New("-metrics goes with -addr")
+	case !driving && (set["series"] || set["prime"] || set["fresh"]):
+		return o, errors.New("-series, -prime and -fresh go with -addr")
+	case set["series"] && o.series <= 0:
+		return o, fmt.Errorf("-series %v: want a positive window, such as 1s", o.series)
+	case o.series > 0 && (o.duration+o.series-1)/o.series > bench.MaxWindows:
+		return o, fmt.Errorf("-series %v: %v makes more than %d windows", o.series, o.duration, bench.MaxWindows)
 	case driving && set["rounds"]:
 		return o, errors.New("-rounds is for compare mode; with -addr there is one run")
 	case o.rounds < 1:
@@ -253,6 +266,11 @@ Flags:
 	}
 	if !driving && o.overLimit > 0 {
 		o.over = []bench.Entry{{Key: bench.OverKey, Value: "x"}}
+	}
+	if o.fresh {
+		// Nanoseconds since 1970 in base 36: unique to this run on this
+		// machine, and short.
+		o.entries[len(o.entries)-1].Value += "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	}
 	return o, nil
 }
@@ -322,6 +340,7 @@ func (o options) config(addrs, metrics []string, w bench.Workload) bench.Config 
 	return bench.Config{
 		Addrs: addrs, Metrics: metrics, Concurrency: o.concurrency, Conns: o.conns, Rate: o.rate,
 		Duration: o.duration, Requests: o.requests, Warmup: o.warmup, Timeout: o.timeout,
+		Series: o.series, Prime: o.prime,
 		Workload: w,
 	}
 }
@@ -348,6 +367,12 @@ func (o options) describe(w io.Writer) {
 	}
 	if o.requests > 0 {
 		fmt.Fprintf(w, ", at most %d calls per run", o.requests)
+	}
+	if o.prime {
+		fmt.Fprint(w, ", primed (one call per target first)")
+	}
+	if o.series > 0 {
+		fmt.Fprintf(w, ", series in %v windows", o.series)
 	}
 	fmt.Fprintf(w, "\nhost: %s/%s, GOMAXPROCS %d, NumCPU %d, %s\n",
 		runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version())
@@ -376,6 +401,17 @@ func (o options) drive(ctx context.Context, out output) error {
 	if o.rate > 0 {
 		fmt.Fprintf(w, "open loop: %d calls due, %d sent late (over %v behind), %d dropped (every caller busy); latency counts from when each was due\n",
 			r.Scheduled, r.Late, bench.LateAfter, r.Dropped)
+	}
+	if o.timeout > 0 {
+		fmt.Fprintf(w, "past the deadline: %d of %d calls (DeadlineExceeded after %v)\n", r.PastDeadline, r.Requests, o.timeout)
+	}
+	if p := r.Prime; p != nil {
+		fmt.Fprintf(w, "prime: %d calls (one per target, no deadline): %d OK, %d over limit, answered in %.1fms; sent %.1fms before the run's first call\n",
+			p.Calls, p.OK, p.OverLimit, float64(p.Took)/float64(time.Millisecond), float64(p.Lead)/float64(time.Millisecond))
+	}
+	if len(r.Series) > 0 {
+		fmt.Fprintln(w)
+		seriesTable(w, r.Series)
 	}
 	if err != nil {
 		return err
@@ -758,6 +794,105 @@ type record struct {
 	P999       float64      `json:"p999_us"`
 	Max        float64      `json:"max_us"`
 	Metrics    *bench.Usage `json:"metrics"`
+	// With -addr: the calls that failed past their deadline; with
+	// -series the windows; with -prime the priming calls.
+	PastDeadline *uint64        `json:"past_deadline,omitempty"`
+	Series       []seriesRecord `json:"series,omitempty"`
+	Prime        *primeRecord   `json:"prime,omitempty"`
+}
+
+// seriesRecord is one window of -series, flat: seconds from the run's
+// first call, the calls answered in it, and with -metrics what the
+// backend did between the scrapes at metrics_from and metrics_to (null
+// when the scrape closing it failed).
+type seriesRecord struct {
+	Start        float64 `json:"start"`
+	End          float64 `json:"end"`
+	Requests     uint64  `json:"calls"`
+	OK           uint64  `json:"ok"`
+	OverLimit    uint64  `json:"over_limit"`
+	Errors       uint64  `json:"errors"`
+	PastDeadline uint64  `json:"past_deadline"`
+	Late         uint64  `json:"late"`
+	Throughput   float64 `json:"decisions_per_second"`
+	P50          float64 `json:"p50_us"`
+	P99          float64 `json:"p99_us"`
+	// The metrics: decisions, the store's calls (DynamoDB API calls or
+	// Redis round trips), DynamoDB's writes, and DynamoDB's local
+	// answers and lease writes (null where not served).
+	Decisions    *float64 `json:"backend_decisions,omitempty"`
+	BackendCalls *float64 `json:"backend_calls,omitempty"`
+	Writes       *float64 `json:"writes,omitempty"`
+	LocalAnswers *float64 `json:"local_answers,omitempty"`
+	LeaseWrites  *float64 `json:"lease_writes,omitempty"`
+	MetricsFrom  *float64 `json:"metrics_from,omitempty"`
+	MetricsTo    *float64 `json:"metrics_to,omitempty"`
+	ScrapeError  string   `json:"scrape_error,omitempty"`
+}
+
+// primeRecord is -prime's calls: their answers, how long they took, and
+// how long before the run's first call they were sent (lead_seconds).
+type primeRecord struct {
+	Calls     uint64  `json:"calls"`
+	OK        uint64  `json:"ok"`
+	OverLimit uint64  `json:"over_limit"`
+	Took      float64 `json:"took_seconds"`
+	Lead      float64 `json:"lead_seconds"`
+}
+
+func seriesRecords(ws []bench.Window) []seriesRecord {
+	out := make([]seriesRecord, len(ws))
+	for i, w := range ws {
+		s := seriesRecord{
+			Start: w.Start.Seconds(), End: w.End.Seconds(),
+			Requests: w.Requests, OK: w.OK, OverLimit: w.OverLimit, Errors: w.Errors,
+			PastDeadline: w.PastDeadline, Late: w.Late, Throughput: w.Throughput,
+			P50: us(w.P50), P99: us(w.P99),
+		}
+		if u := w.Usage; u != nil {
+			decisions, calls := u.Decisions, u.BackendCalls
+			s.Decisions, s.BackendCalls = &decisions, &calls
+			if u.Backend != bench.BackendRedis {
+				writes := u.Writes
+				s.Writes = &writes
+			}
+			s.LocalAnswers, s.LeaseWrites = u.LocalAnswers, u.LeaseWrites
+			mf, mt := w.MetricsFrom.Seconds(), w.MetricsTo.Seconds()
+			s.MetricsFrom, s.MetricsTo = &mf, &mt
+		}
+		if w.ScrapeError != nil {
+			s.ScrapeError = w.ScrapeError.Error()
+		}
+		out[i] = s
+	}
+	return out
+}
+
+// seriesTable prints the windows of -series, one line each.
+func seriesTable(w io.Writer, ws []bench.Window) {
+	metrics := slices.ContainsFunc(ws, func(x bench.Window) bool { return x.Usage != nil || x.ScrapeError != nil })
+	fmt.Fprintf(w, "series: windows from the run's first call; a call counts in the window its answer came back in\n")
+	fmt.Fprintf(w, "%17s %8s %8s %8s %6s %8s %6s %10s %10s %10s", "window", "calls", "ok", "over", "errors", "past_dl", "late", "decided/s", "p50", "p99")
+	if metrics {
+		// be_calls: the store's calls (DynamoDB's API calls, Redis's
+		// round trips); writes: DynamoDB's.
+		fmt.Fprintf(w, " %9s %9s %9s", "decisions", "be_calls", "writes")
+	}
+	fmt.Fprintln(w)
+	for _, x := range ws {
+		fmt.Fprintf(w, "%7.2fs-%7.2fs %8d %8d %8d %6d %8d %6d %10.0f %10s %10s", x.Start.Seconds(), x.End.Seconds(),
+			x.Requests, x.OK, x.OverLimit, x.Errors, x.PastDeadline, x.Late, x.Throughput, micros(float64(x.P50)), micros(float64(x.P99)))
+		if u := x.Usage; u != nil {
+			writes := count(&u.Writes)
+			if u.Backend == bench.BackendRedis {
+				writes = "n/a"
+			}
+			fmt.Fprintf(w, " %9s %9s %9s", count(&u.Decisions), count(&u.BackendCalls), writes)
+		} else if x.ScrapeError != nil {
+			fmt.Fprintf(w, "  scrape failed: %v", x.ScrapeError)
+		}
+		fmt.Fprintln(w)
+	}
 }
 
 // recordConfig is the command line of a record, after defaults.
@@ -778,6 +913,9 @@ type recordConfig struct {
 	Warmup         string   `json:"warmup"`
 	Timeout        string   `json:"timeout"`
 	Requests       int64    `json:"requests"`
+	Series         string   `json:"series,omitempty"`
+	Prime          bool     `json:"prime,omitempty"`
+	Fresh          bool     `json:"fresh,omitempty"`
 	Keys           int      `json:"keys"`
 	Dist           string   `json:"dist"`
 	Hot            float64  `json:"hot"`
@@ -805,11 +943,15 @@ func (o options) record(out output, start time.Time, round int, server string, r
 		Rounds: o.rounds, Concurrency: o.concurrency, Rate: o.rate, Conns: o.conns,
 		Duration: o.duration.String(), Warmup: o.warmup.String(), Timeout: o.timeout.String(),
 		Requests: o.requests, Keys: o.keys, Dist: o.dist.String(), Hot: o.hot, ZipfS: o.zipfS,
+		Prime: o.prime, Fresh: o.fresh,
 		GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, GOMAXPROCS: runtime.GOMAXPROCS(0),
 		NumCPU: runtime.NumCPU(), GoVersion: runtime.Version(),
 	}
 	if len(o.addrs) > 0 {
 		c.Mode, c.Rounds = "addr", 0
+	}
+	if o.series > 0 {
+		c.Series = o.series.String()
 	}
 	if o.withRedis() {
 		c.Redis, c.RedisDelay, c.RedisCoalesce = "redis-server", o.redisDelay.String(), &o.redisCoalesce
@@ -823,6 +965,15 @@ func (o options) record(out output, start time.Time, round int, server string, r
 		OK: r.OK, OverLimit: r.OverLimit, Scheduled: r.Scheduled, Late: r.Late, Dropped: r.Dropped, Elapsed: r.Elapsed.Seconds(), Throughput: r.Throughput,
 		P50: us(r.P50), P99: us(r.P99), P999: us(r.P999), Max: us(r.Max),
 		Metrics: r.Usage,
+	}
+	if len(o.addrs) > 0 {
+		rec.PastDeadline = &r.PastDeadline
+	}
+	if len(r.Series) > 0 {
+		rec.Series = seriesRecords(r.Series)
+	}
+	if p := r.Prime; p != nil {
+		rec.Prime = &primeRecord{Calls: p.Calls, OK: p.OK, OverLimit: p.OverLimit, Took: p.Took.Seconds(), Lead: p.Lead.Seconds()}
 	}
 	if r.FirstError != nil {
 		rec.FirstError = r.FirstError.Error()

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -70,6 +71,12 @@ func TestParseFlags(t *testing.T) {
 		"redis socket":                 {"-redis-url", "unix:///tmp/redis.sock"},
 		"redis over TLS":               {"-redis-url", "rediss://127.0.0.1:6379"},
 		"redis URL not a URL":          {"-redis-url", "127.0.0.1:6379"},
+		"series in compare mode":       {"-series", "1s"},
+		"series zero":                  slices.Concat(drive, []string{"-series", "0"}),
+		"negative series":              slices.Concat(drive, []string{"-series", "-1s"}),
+		"series of too many windows":   slices.Concat(drive, []string{"-series", "1ms", "-duration", "10s"}),
+		"prime in compare mode":        {"-prime"},
+		"fresh in compare mode":        {"-fresh"},
 	} {
 		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%s: %q accepted", name, args)
@@ -109,6 +116,59 @@ func TestDriveJSON(t *testing.T) {
 		t.Fatalf("throughput %v, p50 %vµs", rec.Throughput, rec.P50)
 	}
 	for _, want := range []string{"backend decisions", "300", "n/a", "writes per allowed decision"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("report on stderr lacks %q:\n%s", want, stderr.String())
+		}
+	}
+}
+
+// With -series, -prime and -fresh against a served Sluice: the record
+// has one window per -series of -duration, adding up to the run, each
+// with the backend decisions its metrics moved by; one priming call per
+// target; a descriptor value of this run's own; and the report shows the
+// windows and the priming calls.
+func TestDriveSeriesJSON(t *testing.T) {
+	addr, metrics := memoryTarget(t)
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{
+		"-addr", addr, "-metrics", metrics, "-domain", bench.Domain, "-descriptor", bench.Key + "=s", "-fresh", "-prime",
+		"-series", "150ms", "-duration", "600ms", "-warmup", "0", "-concurrency", "4", "-conns", "1", "-timeout", "10s", "-json",
+	}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	var rec record
+	if err := json.NewDecoder(&stdout).Decode(&rec); err != nil {
+		t.Fatalf("stdout is not a JSON record: %v\n%s", err, stdout.String())
+	}
+	if len(rec.Series) != 4 {
+		t.Fatalf("%d windows, want 4 of 150ms over 600ms: %+v", len(rec.Series), rec.Series)
+	}
+	var calls, ok uint64
+	var decisions float64
+	for i, w := range rec.Series {
+		calls, ok = calls+w.Requests, ok+w.OK
+		if w.Decisions != nil {
+			decisions += *w.Decisions
+		}
+		if math.Abs(w.Start-float64(i)*0.15) > 1e-9 || w.Writes == nil || *w.Writes != 0 {
+			t.Errorf("window %d: %+v: want it from %vs, with 0 DynamoDB writes (memory backend)", i, w, float64(i)*0.15)
+		}
+	}
+	if calls != rec.Requests || ok != rec.OK || rec.Metrics == nil || decisions != rec.Metrics.Decisions || rec.Series[3].End != rec.Elapsed {
+		t.Errorf("windows add up to %d calls, %d OK, %v decisions, to %vs; the run: %d, %d, %+v, %vs", calls, ok, decisions,
+			rec.Series[3].End, rec.Requests, rec.OK, rec.Metrics, rec.Elapsed)
+	}
+	if p := rec.Prime; p == nil || p.Calls != 1 || p.OK != 1 || p.Lead < p.Took {
+		t.Errorf("prime %+v: want one call, OK", p)
+	}
+	if rec.PastDeadline == nil || *rec.PastDeadline != 0 || !rec.Config.Prime || !rec.Config.Fresh || rec.Config.Series != "150ms" {
+		t.Errorf("past deadline %v, config %+v", rec.PastDeadline, rec.Config)
+	}
+	if d := rec.Config.Descriptor; len(d) != 1 || !strings.HasPrefix(d[0], bench.Key+"=s-") || len(d[0]) < len(bench.Key)+5 {
+		t.Errorf("descriptor %q: want %s=s- and this run's own suffix", d, bench.Key)
+	}
+	for _, want := range []string{"series: windows from the run's first call", "0.00s-   0.15s", "prime: 1 calls", "past the deadline: 0 of"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("report on stderr lacks %q:\n%s", want, stderr.String())
 		}
