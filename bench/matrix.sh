@@ -14,6 +14,26 @@
 #     CONFIGS="shipped no-leases" bench/matrix.sh
 #   LOADS=warm-1 CONFIGS=memory bench/matrix.sh
 #
+# The loads of leases in the transients (issue 24, item 5): a key that
+# turns hot from cold, a fleet that has just started, and the store 70 ms
+# away. Each brings its own replicas, DynamoDB delay (5ms; 70ms for the
+# far ones) and, for hot-cold-6, duration (16s, so that seconds 12-16 are
+# measured); every one records its run in 1 s windows (-series 1s). Leases
+# on and off and the memory backend, side by side in one file:
+#
+#   LOADS="hot-cold-6 zipf-start zipf-3000 far-zipf far-limit" \
+#     CONFIGS="shipped no-leases memory" bench/matrix.sh
+#
+# and the same loads on one Redis 70 ms away (REDIS_DELAY applies to every
+# load; the loads' DynamoDB delays do not):
+#
+#   REDIS_DELAY=70ms LOADS="hot-cold-6 zipf-start zipf-3000 far-zipf far-limit" \
+#     CONFIGS="redis" bench/matrix.sh
+#
+# bench/summarize.py prints each run's windows in blocks of 4 s
+# (decisions/s, writes/s) and far-limit's admitted calls against
+# B + R*T + 1.
+#
 # The fleet runs of BENCHMARKS.md's Redis section (bench/redis.sh runs
 # them): three replicas on one redis-server of fleet.sh's own, with and
 # without coalescing, then one memory replica, for each load:
@@ -26,13 +46,14 @@
 # at the end (bench/summarize.py OUT prints it again).
 #
 # Environment: REPLICAS, DYNAMODB_DELAY (passed to fleet.sh: latency added
-# to every DynamoDB call), REDIS_DELAY (the same for Redis, in the redis
-# configurations), DURATION (default 10s), WARMUP (default 5s), LOADS and
-# CONFIGS (space-separated names, to run a subset).
+# to every DynamoDB call, for the loads without a delay of their own),
+# REDIS_DELAY (the same for Redis, in the redis configurations, for every
+# load), DURATION (default 10s, or the load's own; set, it is every
+# load's), WARMUP (default 5s), LOADS and CONFIGS (space-separated names,
+# to run a subset), OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-duration=${DURATION:-10s}
 warmup=${WARMUP:-5s}
 out=${OUT:-bench/results/matrix-$(date -u +%Y%m%dT%H%M%SZ).jsonl}
 mkdir -p "$(dirname "$out")"
@@ -51,11 +72,47 @@ declare -A load_args=(
 	[hot-6]="-descriptor bench_key=h -concurrency 200"
 	[at-limit-600]="-descriptor bench_hot=a -concurrency 600 -warmup 0"
 	[warm-1]="-descriptor bench_key=w -concurrency 64"
+	# The loads of leases in the transients (issue 24, item 5).
+	# hot-cold-6: one key no replica has seen (-fresh: a value of the
+	# run's own), 6 replicas x 10 callers from the first call on (no
+	# warmup), 16 s: decisions/s and writes/s in the first 4 s against
+	# seconds 12-16.
+	[hot-cold-6]="-descriptor bench_key=hc -fresh -concurrency 60 -warmup 0 -series 1s"
+	# zipf-start: zipf-open's paced load on a fleet that has just started,
+	# measured from 4 s after the replicas are ready; zipf-3000 the same
+	# on 3,000 keys from 30 s.
+	[zipf-start]="-descriptor bench_key=z -keys 300 -dist zipf -rate 1000 -concurrency 64 -warmup 4s -series 1s"
+	[zipf-3000]="-descriptor bench_key=z -keys 3000 -dist zipf -rate 1000 -concurrency 64 -warmup 30s -series 1s"
+	# far-zipf: the same paced load with the store 70 ms away, from 30 s.
+	[far-zipf]="-descriptor bench_key=z -keys 300 -dist zipf -rate 1000 -concurrency 64 -warmup 30s -series 1s"
+	# far-limit: one key at its limit (bench_far: 500/s, burst 500) with
+	# the store 70 ms away, after one call with no deadline to each
+	# replica (-prime), 100 callers per replica, each call with Envoy's
+	# kind of deadline (50 ms).
+	[far-limit]="-descriptor bench_far=l -fresh -concurrency 300 -timeout 50ms -warmup 0 -prime -series 1s"
 )
 # Replicas per load, where it is not REPLICAS (default 3).
 declare -A load_replicas=(
 	[hot-6]=6
 	[warm-1]=1
+	[hot-cold-6]=6
+	[zipf-start]=3
+	[zipf-3000]=3
+	[far-zipf]=3
+	[far-limit]=3
+)
+# The DynamoDB delay of a load that has its own (DYNAMODB_DELAY is the
+# others'): the distance is part of what it measures.
+declare -A load_delay=(
+	[hot-cold-6]=5ms
+	[zipf-start]=5ms
+	[zipf-3000]=5ms
+	[far-zipf]=70ms
+	[far-limit]=70ms
+)
+# The measured time of a load that needs its own, unless DURATION is set.
+declare -A load_duration=(
+	[hot-cold-6]=16s
 )
 declare -A config_args=(
 	[shipped]=""
@@ -78,12 +135,13 @@ configs=${CONFIGS:-shipped no-coalescing no-local-denial}
 for load in $loads; do
 	for config in $configs; do
 		replicas=${config_replicas[$config]:-${load_replicas[$load]:-${REPLICAS:-3}}}
-		backend=dynamodb delay=${DYNAMODB_DELAY:-0} redis_delay=0
+		duration=${DURATION:-${load_duration[$load]:-10s}}
+		backend=dynamodb delay=${load_delay[$load]:-${DYNAMODB_DELAY:-0}} redis_delay=0
 		case $config in
 		memory*) backend=memory delay=0 ;;
 		redis*) backend=redis delay=0 redis_delay=${REDIS_DELAY:-0} ;;
 		esac
-		echo "matrix.sh: $load, $config, $replicas replica(s)" >&2
+		echo "matrix.sh: $load, $config, $replicas replica(s), $duration" >&2
 		# shellcheck disable=SC2086 # the argument lists are word lists
 		REPLICAS=$replicas BACKEND=$backend DYNAMODB_DELAY=$delay REDIS_DELAY=$redis_delay SERVE_ARGS="${config_args[$config]}" \
 			bench/fleet.sh -domain bench -duration "$duration" -warmup "$warmup" ${load_args[$load]} -json |

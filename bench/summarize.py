@@ -96,6 +96,7 @@ def main(path):
     if any(backend(r) == "redis" for r in rows):
         redis_table(rows)
         at_limit(rows, replicas=True)
+        series_tables(rows)
         return
     print("| load | serve | replicas | DynamoDB delay | offered | decisions/s | p50 | p99 | p999 | OK | over | errors | "
           "late | dropped | DynamoDB calls/decision | writes/decision | writes/s | WCU/decision | $/M decisions | "
@@ -126,19 +127,122 @@ def main(path):
             fmt(m.get("coalesced_share"), ".4f"),
             fmt(m.get("condition_retries"), ".0f")))
     at_limit(rows)
+    series_tables(rows)
+
+
+# The keys of bench/rules/bench.yaml with a finite limit: burst B and
+# rate R per second.
+LIMITS = {"bench_hot": (2000, 2000), "bench_far": (500, 500)}
+
+
+def limited_key(r):
+    """The rules key of a run's descriptor when it has a finite limit."""
+    desc = (r.get("config") or {}).get("descriptor") or []
+    key = desc[0].split("=", 1)[0] if desc else None
+    if key in LIMITS:
+        return key
+    # Records from before the descriptor was in them: at-limit was bench_hot.
+    return "bench_hot" if r["load"].startswith("at-limit") else None
 
 
 def at_limit(rows, replicas=False):
+    """Admitted calls against the bound of a key at its limit. The bucket
+    is new at its first call (the connection probe touches no bucket), so
+    from then to the run's last answer it admits at most B + R*T + 1 (+1
+    for rounding). With -prime the first calls are the priming ones: T
+    runs from when they were sent (lead_seconds before the run) and what
+    they were admitted counts. Memory replicas share nothing: each has
+    its own bucket, and the bound is one per replica."""
     for r in rows:
-        if not r["load"].startswith("at-limit"):
+        key = limited_key(r)
+        if key is None:
             continue
-        # bench_hot: burst 2000, 2000/s. The run starts with the bucket
-        # full and unmeasured calls only took tokens, so what the run
-        # admits is bounded by burst + rate x elapsed (+1 for rounding).
-        bound = 2000 + 2000 * r["elapsed_seconds"] + 1
+        burst, rate = LIMITS[key]
+        prime = r.get("prime") or {}
+        t = r["elapsed_seconds"] + prime.get("lead_seconds", 0)
+        admitted = r["ok"] + prime.get("ok", 0)
+        buckets = r.get("replicas", 1) if backend(r) == "memory" else 1
+        bound = (burst + rate * t + 1) * buckets
         who = f"{r['serve']} ({r.get('replicas', 'n/a')} replica(s))" if replicas else r["serve"]
-        print(f"\n{r['load']}, {who}: admitted {r['ok']} in {r['elapsed_seconds']:.3f} s, {r['errors']} errors; "
-              f"bound B + R*T + 1 = {bound:.0f}; admitted/bound = {r['ok'] / bound:.3f}")
+        past = r.get("past_deadline")
+        if past is None:
+            past = (r.get("errors_by_code") or {}).get("DeadlineExceeded", 0)
+        primed = f" (the run's {r['ok']} and {prime.get('ok', 0)} of the {prime['calls']} priming calls)" if prime else ""
+        since = f", from the priming calls {prime['lead_seconds']:.3f} s before the run" if prime else ""
+        shared = f"; {buckets} buckets (memory replicas share nothing)" if buckets > 1 else ""
+        print(f"\n{r['load']}, {who}: admitted {admitted}{primed} in T = {t:.3f} s{since}, "
+              f"{r['errors']} errors, {past} past the deadline; "
+              f"bound B + R*T + 1 = {bound:.0f} ({key}: B {burst}, R {rate}/s){shared}; admitted/bound = {admitted / bound:.3f}")
+
+
+BLOCK = 4.0  # seconds: the blocks the series targets are stated over
+
+
+def window_writes(r, w):
+    """A window's writes: DynamoDB's, or on Redis its round trips."""
+    if backend(r) == "redis":
+        return w.get("backend_calls")
+    return w.get("writes")
+
+
+def span_rates(r, ws):
+    """Decisions/s and writes/s over windows ws, by their length."""
+    span = sum(w["end"] - w["start"] for w in ws)
+    if span <= 0:
+        return None, None
+    writes = [window_writes(r, w) for w in ws]
+    per_s = None if any(x is None for x in writes) else sum(writes) / span
+    return sum(w["ok"] + w["over_limit"] for w in ws) / span, per_s
+
+
+def series_tables(rows):
+    """Each run's windows (sluice-bench -series) in blocks of 4 s from its
+    first call: decisions/s (answered calls) and writes/s (DynamoDB's
+    UpdateItem + PutItem + TransactWriteItems, from the replicas'
+    /metrics at each window's ends; on Redis, its round trips), errors
+    and calls past their deadline. Then, per run: the first 4 s against
+    seconds 12-16, and the most writes/s over any 4 s of consecutive
+    windows."""
+    rows = [r for r in rows if r.get("series")]
+    if not rows:
+        return
+    print()
+    print("| load | serve | backend | seconds | decisions/s | writes/s | errors | past deadline | p99 (worst window) |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|")
+    notes = []
+    for r in rows:
+        blocks = {}
+        for w in r["series"]:
+            blocks.setdefault(int(w["start"] // BLOCK + 1e-9), []).append(w)
+        for b, ws in sorted(blocks.items()):
+            dps, wps = span_rates(r, ws)
+            print("| {} | {} | {} | {:.0f}-{:.0f} | {} | {} | {} | {} | {:.1f} ms |".format(
+                r["load"], r["serve"], backend(r), ws[0]["start"], ws[-1]["end"], fmt(dps, ".0f"), fmt(wps, ".1f"),
+                sum(w["errors"] for w in ws), sum(w["past_deadline"] for w in ws), max(w["p99_us"] for w in ws) / 1000))
+        first, late = blocks.get(0), blocks.get(3)
+        worst = None
+        ws = r["series"]
+        for i in range(len(ws)):
+            for j in range(i, len(ws)):
+                if ws[j]["end"] - ws[i]["start"] >= BLOCK - 1e-6:
+                    _, wps = span_rates(r, ws[i:j + 1])
+                    if wps is not None and (worst is None or wps > worst[0]):
+                        worst = (wps, ws[i]["start"], ws[j]["end"])
+                    break
+        def block(ws):
+            if not ws:
+                return "n/a", None
+            d, w = span_rates(r, ws)
+            return (f"seconds {ws[0]['start']:.0f}-{ws[-1]['end']:.0f}: {fmt(d, '.0f')} decisions/s, "
+                    f"{fmt(w, '.1f')} writes/s"), d
+        text0, d0 = block(first)
+        text3, d3 = block(late)
+        ratio = d3 / d0 if d0 and d3 is not None else None
+        most = f"{worst[0]:.1f} (seconds {worst[1]:.0f}-{worst[2]:.0f})" if worst else "n/a (not 4 s of windows with metrics)"
+        notes.append(f"{r['load']}, {r['serve']}: first block {text0}; fourth block {text3}; "
+                     f"decisions/s fourth over first: {fmt(ratio, '.2f')}; most writes/s over 4 s: {most}")
+    for n in notes:
+        print("\n" + n)
 
 
 if __name__ == "__main__":
