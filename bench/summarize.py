@@ -207,7 +207,8 @@ def series_tables(rows):
     if not rows:
         return
     print()
-    print("| load | serve | backend | seconds | decisions/s | writes/s | errors | past deadline | p99 (worst window) |")
+    writes = "writes/s (Redis: round trips/s)" if any(backend(r) == "redis" for r in rows) else "writes/s"
+    print(f"| load | serve | backend | seconds | decisions/s | {writes} | errors | past deadline | p99 (worst window) |")
     print("|---|---|---|---|---:|---:|---:|---:|---:|")
     notes = []
     for r in rows:
