@@ -54,7 +54,9 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		metric.WithDescription("Bucket writes that granted lease tokens or gave them back."))
 	contended, err12 := m.Int64ObservableCounter("sluice.dynamodb.contended_denials", metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions denied because their write lost every race on a bucket near its limit: other replicas took its last tokens first."))
-	for _, err := range []error{err1, err2, err3, err7, err8, err9, err10, err11, err12} {
+	deadline, err13 := m.Int64ObservableCounter("sluice.dynamodb.deadline_denials", metric.WithUnit("{decision}"),
+		metric.WithDescription("Decisions denied at their deadline while they waited for a write on a bucket that could not lease this replica a round trip of its demand: a table farther than the caller's deadline, at or near the limit."))
+	for _, err := range []error{err1, err2, err3, err7, err8, err9, err10, err11, err12, err13} {
 		if err != nil {
 			return err
 		}
@@ -75,8 +77,9 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		o.ObserveFloat64(outstanding, float64(s.LeaseOutstanding.Load())/1000)
 		o.ObserveInt64(leaseWrites, int64(s.LeaseWrites.Load()))
 		o.ObserveInt64(contended, int64(s.Contended.Load()))
+		o.ObserveInt64(deadline, int64(s.DeadlineDenials.Load()))
 		return nil
-	}, rcu, wcu, retries, local, coalesced, leaseTokens, outstanding, leaseWrites, contended)
+	}, rcu, wcu, retries, local, coalesced, leaseTokens, outstanding, leaseWrites, contended, deadline)
 	if err != nil {
 		return err
 	}

@@ -89,9 +89,12 @@ type Backend struct {
 	opts    Options
 	now     func() int64
 	records *records
-	seen    *lru.Cache[bucketKey, seenItem]
-	lanes   *lanes
-	stats   *Stats
+	// rtt is the measured round trip of a bucket write, which times
+	// lease renewals and sizes leases near the limit.
+	rtt   roundTrip
+	seen  *lru.Cache[bucketKey, seenItem]
+	lanes *lanes
+	stats *Stats
 	// leases is nil when leases are off.
 	leases *leases
 	// bg is the context of the background work (renewals, returns, the
@@ -173,18 +176,19 @@ func New(api API, opts Options) (*Backend, error) {
 }
 
 // goBackground runs fn on a goroutine Close waits for, unless Close has
-// begun.
-func (b *Backend) goBackground(fn func()) {
+// begun; it reports whether it did.
+func (b *Backend) goBackground(fn func()) bool {
 	b.bgMu.Lock()
 	defer b.bgMu.Unlock()
 	if b.closed {
-		return
+		return false
 	}
 	b.bgWG.Add(1)
 	go func() {
 		defer b.bgWG.Done()
 		fn()
 	}()
+	return true
 }
 
 // closeTimeout bounds how long Close spends returning leases.
@@ -290,7 +294,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	// A check (no hits) on a leased bucket is answered here too, so that
 	// its remaining count includes the lease like any other answer's.
 	if b.leases != nil && !req.Refund {
-		if d, ok := b.spend(ts, req, level); ok {
+		if d, ok := b.spend(ts, req, level, true); ok {
 			return d, nil
 		}
 	}
@@ -308,21 +312,118 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	c := newCall(ctx, req, group)
 	batch, err := b.lanes.enter(ctx, c, keys...)
 	if err != nil {
-		return backend.Decision{}, fmt.Errorf("waiting for bucket %q/%q: %w", req.Entity, req.Resource, err)
+		return b.gaveUp(ts, req, level, fmt.Errorf("waiting for bucket %q/%q: %w", req.Entity, req.Resource, err))
 	}
 	switch {
+	case batch == nil: // answered by another call's batch
+	case b.leases != nil && b.detach(ts, keys, batch):
+		select {
+		case <-c.wake:
+		case <-ctx.Done():
+			if c.abandon() {
+				return b.gaveUp(ts, req, level, fmt.Errorf("writing bucket %q/%q: %w", req.Entity, req.Resource, ctx.Err()))
+			}
+			<-c.wake // answered just as ctx ended: the answer stands
+		}
 	case len(batch) == 1:
 		defer b.lanes.leave(keys...)
-		b.decideBatch(ts, batch)
-	case len(batch) > 1:
+		b.decideBatch(ctx, ts, batch)
+	default:
 		if err := b.lead(ctx, ts, keys, batch); err != nil {
 			return backend.Decision{}, fmt.Errorf("writing bucket %q/%q: %w", req.Entity, req.Resource, err)
 		}
 	}
 	if c.err != nil {
+		if ctx.Err() != nil {
+			return b.gaveUp(ts, req, level, c.err)
+		}
 		return backend.Decision{}, c.err
 	}
 	return decision(c, level), nil
+}
+
+// detach decides batch on a goroutine of its own, under a context of its
+// own that outlives every caller's (backgroundTimeout, and Close): with
+// leases, a write abandoned by its callers' deadlines still lands, and
+// the tokens it took wait in the lease for the next calls. Without that,
+// a table slower than the callers' deadlines would never be written, and
+// the key would never warm. The lane stays held until the write is done,
+// so a bucket has one such write in flight at most, whatever the
+// traffic. It reports false, having done nothing, once Close has begun.
+func (b *Backend) detach(ts []target, keys []bucketKey, batch []*call) bool {
+	// The batch's own targets: its caller may stop waiting and go on
+	// with its own.
+	ts = slices.Clone(ts)
+	return b.goBackground(func() {
+		defer b.lanes.leave(keys...)
+		defer answer(batch)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), backgroundTimeout)
+		defer cancel()
+		stop := context.AfterFunc(b.bg, cancel)
+		defer stop()
+		b.decideBatch(ctx, ts, batch)
+	})
+}
+
+// gaveUp answers a call that stopped waiting for its bucket at its
+// deadline (err). Where the bucket, as this replica last saw it (within
+// MaxDenyStaleness), holds less than the fleet spends in a round trip
+// (short), the answer is a denial: the writes in flight are taking what
+// is there, so the call would most likely be denied, and an error would
+// let Envoy's failure mode pass it over a limit being reached. Anywhere
+// else (a key far below its limit whose lease is still growing) it is
+// err, for the failure policy.
+func (b *Backend) gaveUp(ts []target, req *backend.Request, level backend.Level, err error) (backend.Decision, error) {
+	if b.leases == nil || req.Refund || req.Hits == 0 {
+		return backend.Decision{}, err
+	}
+	b.loadSeen(ts)
+	now := b.now()
+	if !b.recentEnough(ts, now) || !b.short(ts, now) {
+		return backend.Decision{}, err
+	}
+	var limits []bucket.Limit
+	for i := range ts {
+		limits = append(limits, ts[i].res.Limits...)
+	}
+	c := call{req: req, limits: limits, results: make([]bucket.Result, len(limits))}
+	for j, l := range limits {
+		c.results[j] = bucket.Result{Cost: bucket.Cost(l, req.Hits)}
+	}
+	b.deny(&c)
+	b.stats.DeadlineDenials.Add(1)
+	return decision(&c, level), nil
+}
+
+// short reports whether, for some limit of ts, the lease this replica
+// could get from its bucket as last seen (refilled to now) lasts less
+// than a round trip of what it is asked (lease.Policy.Short): a bucket at
+// its limit, or one about to be, as far as a replica that waits a round
+// trip for every answer can tell.
+func (b *Backend) short(ts []target, now int64) bool {
+	rtt := b.rtt.ms()
+	if rtt == 0 {
+		return false
+	}
+	for i := range ts {
+		t := &ts[i]
+		if t.item == nil || t.item.cfg != t.fp || t.item.expired(now) {
+			continue
+		}
+		asks := b.leases.demand(t, now, rtt)
+		for j, l := range t.res.Limits {
+			s, ok := t.item.stateOf(l.Name)
+			if !ok || asks == nil {
+				continue
+			}
+			a := asks[j]
+			a.Avail = bucket.Refill(l, s, now).Tokens
+			if b.leases.policy.Short(l, a) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // lead decides a batch of several calls, its own first, and returns when
@@ -340,7 +441,9 @@ func (b *Backend) lead(ctx context.Context, ts []target, keys []bucketKey, batch
 		defer func() { done <- recover() }()
 		defer b.lanes.leave(keys...)
 		defer answer(batch)
-		b.decideBatch(ts, batch)
+		ctx, cancel := batchContext(batch)
+		defer cancel()
+		b.decideBatch(ctx, ts, batch)
 	}()
 	select {
 	case p := <-done:
@@ -394,10 +497,28 @@ func (b *Backend) denyFromSeen(ts []target, req *backend.Request, level backend.
 	c := call{req: req}
 	calls := [1]*call{&c}
 	if decideCalls(ts, calls[:], now); c.allowed {
-		return backend.Decision{}, false
+		if b.leases == nil || !b.writing(ts) || !b.short(ts, now) {
+			return backend.Decision{}, false
+		}
+		// The bucket holds less than the fleet spends in a round trip,
+		// and this replica's write is on its way to take its part of
+		// it: queueing behind that write would put a round trip on a
+		// call it will most likely leave nothing for.
+		b.deny(&c)
 	}
 	b.stats.LocalAnswers.Add(1)
 	return decision(&c, level), true
+}
+
+// writing reports whether a write of this replica is on its way to some
+// bucket of ts.
+func (b *Backend) writing(ts []target) bool {
+	for i := range ts {
+		if b.lanes.writing(ts[i].key) {
+			return true
+		}
+	}
+	return false
 }
 
 // loadSeen starts every target from the last state this replica saw of
@@ -492,13 +613,14 @@ func (t *target) group() string {
 // next lease's grant, or gives back what is left over. A write that
 // certainly did not happen (every attempt lost) puts the lease back; one
 // whose outcome is unknown drops it, since it may have returned it.
-func (b *Backend) decideBatch(ts []target, batch []*call) {
-	ctx, cancel := batchContext(batch)
-	defer cancel()
+func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 	// Read the last seen state only now: the batch that held the lane
 	// before this one may have just updated it.
 	b.loadSeen(ts)
 	b.markShared(ts)
+	if b.leases != nil && b.payFromLease(ts, batch) {
+		return
+	}
 	fold, mayGrant := b.leasePlan(ts, batch)
 	live := make([]*call, 0, len(batch))
 	for attempt := 1; ; attempt++ {
@@ -554,7 +676,9 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 			b.written(ts, live, now, false)
 			return
 		}
+		b.lanes.mark(ts, true)
 		err := b.write(ctx, ts, now)
+		b.lanes.mark(ts, false)
 		if err == nil {
 			b.written(ts, live, now, true)
 			return
@@ -587,11 +711,37 @@ func (b *Backend) decideBatch(ts []target, batch []*call) {
 	}
 }
 
+// payFromLease answers the calls of batch that this replica's lease pays
+// for, in order, as Decide would have on arrival: the write a batch
+// waited for may have filled the lease. Once one call cannot be paid the
+// rest go to the write, so that calls are still decided in order. It
+// reports whether every call was answered.
+func (b *Backend) payFromLease(ts []target, batch []*call) bool {
+	for _, c := range batch {
+		if c.done {
+			continue
+		}
+		if c.kind != decide || c.req.Refund || c.ctx.Err() != nil {
+			return false
+		}
+		d, ok := b.spend(ts, c.req, backend.LevelNone, false)
+		if !ok {
+			return false
+		}
+		c.allowed, c.limits, c.results = d.Allowed, d.Limits, d.Results
+		if !c.finish() {
+			// Its caller had gone: the tokens go back to the lease.
+			b.unclaimed(ts, c)
+		}
+	}
+	return true
+}
+
 // leasePlan withdraws the leases of ts into the batch when it pays for
-// anything or returns them (fold), records the batch's paying calls as
-// this replica's demand, and says whether its write may grant new leases:
-// not for a refund (given back exactly, nothing more) nor for a return
-// alone.
+// anything or returns them (fold), and says whether its write may grant
+// new leases: not for a refund (given back exactly, nothing more) nor for
+// a return alone. The batch's calls counted as demand when they arrived
+// (spend).
 func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
 	for i := range ts {
 		ts[i].lease, ts[i].grant = nil, nil
@@ -610,22 +760,9 @@ func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
 			paying = true
 		}
 	}
-	now := b.now()
 	for i := range ts {
-		t := &ts[i]
-		if paying {
-			costs := make([]int64, len(t.res.Limits))
-			for _, c := range batch {
-				if c.kind == decide && !c.req.Refund {
-					for j, l := range t.res.Limits {
-						costs[j] += bucket.Cost(l, c.req.Hits)
-					}
-				}
-			}
-			b.leases.spent(t, costs, now)
-		}
 		if !refund && (paying || giving) {
-			b.leases.withdraw(t)
+			b.leases.withdraw(&ts[i])
 		}
 	}
 	fold = !refund && (paying || giving)
@@ -658,15 +795,17 @@ func (b *Backend) settle(ts []target, now int64, mayGrant bool) bool {
 	changes := false
 	for i := range ts {
 		t := &ts[i]
-		var own, fleet []float64
+		var asks []lease.Ask
 		if mayGrant {
-			own, fleet = b.leases.rates(t, now)
+			asks = b.leases.asks(t, now, b.rtt.ms())
 		}
 		t.grant = nil
 		for j, l := range t.res.Limits {
 			s := &t.states[j]
-			if own != nil {
-				if g := b.leases.policy.Size(l, own[j], fleet[j], s.Tokens); g > 0 {
+			if asks != nil {
+				a := asks[j]
+				a.Avail = s.Tokens
+				if g := b.leases.policy.Size(l, a); g > 0 {
 					if t.grant == nil {
 						t.grant = make([]int64, len(t.res.Limits))
 					}
@@ -721,20 +860,24 @@ func nearLimit(ts []target, now int64) bool {
 // the fleet stays within its bound, and every call gets a decision.
 func (b *Backend) contended(ts []target, calls []*call, now int64) {
 	for _, c := range calls {
-		if c.kind != decide {
-			c.finish()
-			continue
+		if c.kind == decide {
+			b.deny(c)
+			b.stats.Contended.Add(1)
 		}
-		c.allowed = false
-		for j, l := range c.limits {
-			r := &c.results[j]
-			r.Allowed = false
-			if r.Wait = bucket.FillTime(l, r.Cost); r.Wait <= 0 {
-				r.Wait = bucket.Never
-			}
-		}
-		b.stats.Contended.Add(1)
 		c.finish()
+	}
+}
+
+// deny turns c's answer into a denial on every limit, each with the time
+// its cost takes to refill as the wait.
+func (b *Backend) deny(c *call) {
+	c.allowed = false
+	for j, l := range c.limits {
+		r := &c.results[j]
+		r.Allowed = false
+		if r.Wait = bucket.FillTime(l, r.Cost); r.Wait <= 0 {
+			r.Wait = bucket.Never
+		}
 	}
 }
 
@@ -779,9 +922,31 @@ func (b *Backend) written(ts []target, calls []*call, now int64, wrote bool) {
 		if c.kind == decide {
 			decided++
 		}
-		c.finish()
+		if !c.finish() && b.leases != nil && c.kind == decide && c.allowed && !c.req.Refund {
+			// The write took the call's tokens after its caller had
+			// stopped waiting: nobody spent them.
+			b.unclaimed(ts, c)
+		}
 	}
 	b.stats.Coalesced.Add(uint64(max(decided-1, 0)))
+}
+
+// unclaimed puts the tokens an admitted call took into this replica's
+// lease on its buckets: its caller stopped waiting before the answer
+// came, and was answered by the failure policy, so the tokens have left
+// the shared bucket and were spent by nobody. They are spent by the next
+// calls, or returned with the lease.
+func (b *Backend) unclaimed(ts []target, c *call) {
+	off := 0
+	for i := range ts {
+		n := len(ts[i].res.Limits)
+		costs := make([]int64, n)
+		for j := range n {
+			costs[j] = c.results[off+j].Cost
+		}
+		b.leases.add(&ts[i], costs, b.now())
+		off += n
+	}
 }
 
 // leaseWritten credits the grants of a write that succeeded (or was not

@@ -80,7 +80,9 @@ func TestCoalescedDecisionsAreIndividuallyCorrect(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
-			b := e.replica(t, Options{MaxBatch: tc.maxBatch}, slowWrites{e.client, 100 * time.Millisecond})
+			// Leases off: a lease would pay some of the queued calls
+			// with no write at all (TestQueuedCallsPaidByTheLease).
+			b := e.replica(t, Options{MaxBatch: tc.maxBatch, LeaseHorizon: -1}, slowWrites{e.client, 100 * time.Millisecond})
 			req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 10)}, Hits: 1}
 			reqs := make([]backend.Request, 30)
 			for i := range reqs {

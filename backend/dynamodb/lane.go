@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
@@ -36,8 +37,9 @@ type lanes struct {
 
 // lane is one bucket's queue.
 type lane struct {
-	busy  bool    // a batch (or a cascade) holds the bucket
-	queue []*call // waiting, in arrival order
+	busy    bool    // a batch (or a cascade) holds the bucket
+	writing bool    // and waits for its write (mark)
+	queue   []*call // waiting, in arrival order
 }
 
 // call is one decision passing through a lane. The fields below wake are
@@ -54,8 +56,14 @@ type call struct {
 	// return, which the lane orders among the bucket's decisions.
 	kind callKind
 	// wake receives once per hand-over: the lane was handed to the call,
-	// or, for a follower, its answer is in.
+	// or its answer is in (a follower's, or a leader's whose batch runs
+	// detached).
 	wake chan struct{}
+	// state is the hand-shake between the batch that answers the call
+	// and the caller that may stop waiting first (callPending,
+	// callAnswered, callAbandoned): whichever moves it first decides
+	// whether the caller takes the answer.
+	state atomic.Int32
 
 	batch []*call // when the lane is handed to it: itself first, then its followers
 	// follower: the call is decided and answered by another's batch.
@@ -69,9 +77,13 @@ type call struct {
 	allowed bool
 	err     error
 	done    bool // answered (by a batch, or by the leader giving up)
-	// told: a follower's wake for its answer has been sent.
-	told bool
 }
+
+const (
+	callPending int32 = iota
+	callAnswered
+	callAbandoned
+)
 
 // callKind is what a call through a lane asks for.
 type callKind int
@@ -85,16 +97,26 @@ const (
 	giveBack
 )
 
-// finish marks c answered and, for a follower, wakes it at once, so that
-// a call decided early does not wait for the rest of its batch. c must not
-// be written to after.
-func (c *call) finish() {
+// finish marks c answered and wakes its caller at once, so that a call
+// decided early does not wait for the rest of its batch. c must not be
+// written to after. It reports false when the caller had stopped waiting
+// (abandon): what the batch did for the call is then the batch's to
+// settle. A second finish changes nothing.
+func (c *call) finish() bool {
 	c.done = true
-	if c.follower && !c.told {
-		c.told = true
+	if c.state.CompareAndSwap(callPending, callAnswered) {
+		// Room is certain: the lane's hand-over, the only other send,
+		// was received before the call could be in a batch.
 		c.wake <- struct{}{}
+		return true
 	}
+	return c.state.Load() == callAnswered
 }
+
+// abandon is the caller's side of the hand-shake: it stops waiting for
+// c's answer. It reports false when the answer is already in; the caller
+// must then take it (it will find it on wake).
+func (c *call) abandon() bool { return c.state.CompareAndSwap(callPending, callAbandoned) }
 
 func newCall(ctx context.Context, req *backend.Request, group string) *call {
 	return &call{ctx: ctx, req: req, group: group, wake: make(chan struct{}, 1)}
@@ -163,10 +185,11 @@ func (l *lanes) take(ctx context.Context, c *call, k bucketKey) error {
 	}
 	l.mu.Unlock()
 	// Handed over just as ctx ended. A leader still decides for its
-	// followers, whose deadlines may be later; a follower gives up, and
-	// its leader may still charge it (the bucket loses at most this one
-	// call's tokens, never gains any).
-	if c.follower {
+	// followers, whose deadlines may be later; a follower gives up unless
+	// its answer is already in. Its leader may still charge it: with
+	// leases the tokens then go to the lease, without them the bucket
+	// loses this one call's tokens (never gains any).
+	if c.follower && c.abandon() {
 		return ctx.Err()
 	}
 	<-c.wake
@@ -198,6 +221,26 @@ func (l *lanes) leave(keys ...bucketKey) {
 		clear(ln.queue[len(rest):])
 		ln.queue = rest
 		head.wake <- struct{}{}
+	}
+}
+
+// writing reports whether the batch holding k's lane is waiting for
+// its write now.
+func (l *lanes) writing(k bucketKey) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ln := l.m[k]
+	return ln != nil && ln.writing
+}
+
+// mark sets the writing mark of the lanes of ts, which the caller holds.
+func (l *lanes) mark(ts []target, writing bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := range ts {
+		if ln := l.m[ts[i].key]; ln != nil {
+			ln.writing = writing
+		}
 	}
 }
 

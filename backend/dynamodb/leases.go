@@ -50,11 +50,18 @@ type holding struct {
 	// granted is the size of the last grant, per limit: a lease down to
 	// half of it is renewed.
 	granted []int64
+	// grantedAt is when (ms) the last grant came: a lease renewed within
+	// half a horizon of it went faster than planned, and grows.
+	grantedAt int64
 	// item is the bucket as this replica's last write left it, set
 	// with the tokens under mu, so that a decision paid from the lease
 	// reads the bucket and the lease of one moment.
-	item    *bucketItem
-	own     []lease.Rate    // this replica's spending, per limit
+	item *bucketItem
+	own  []lease.Rate // this replica's spending, per limit
+	// quick is the same demand over about a second (quickTau): what the
+	// replica is asked right now, for telling a bucket about to run dry
+	// (Backend.short) before the horizon's average has caught up.
+	quick   []lease.Rate
 	fleet   []lease.Counter // the fleet's taking (the item's tc), per limit
 	expires int64           // ms: from then on the tokens are only returned
 	used    int64           // ms: the last spend or grant
@@ -110,13 +117,13 @@ func (h *holding) matches(t *target) bool {
 // been taken out first: tokens never move between limits.
 func (h *holding) align(res backend.Resolved, fp string) {
 	n := len(res.Limits)
-	own, fleet := make([]lease.Rate, n), make([]lease.Counter, n)
+	own, quick, fleet := make([]lease.Rate, n), make([]lease.Rate, n), make([]lease.Counter, n)
 	for i, l := range res.Limits {
 		if j := slices.IndexFunc(h.res.Limits, func(o bucket.Limit) bool { return o.Name == l.Name }); j >= 0 && j < len(h.own) {
-			own[i], fleet[i] = h.own[j], h.fleet[j]
+			own[i], quick[i], fleet[i] = h.own[j], h.quick[j], h.fleet[j]
 		}
 	}
-	h.fp, h.res, h.own, h.fleet = fp, res, own, fleet
+	h.fp, h.res, h.own, h.quick, h.fleet = fp, res, own, quick, fleet
 	h.tokens, h.granted = make([]int64, n), make([]int64, n)
 }
 
@@ -217,9 +224,12 @@ func (ls *leases) drop(t *target) {
 	t.lease = nil
 }
 
-// rates returns this replica's and the fleet's demand on each of t's
-// limits at now, after reading the consumed totals of the item t holds.
-func (ls *leases) rates(t *target, now int64) (own, fleet []float64) {
+// asks returns what each of t's limits' next grant is sized from at now
+// (all but what the bucket holds): this replica's and the fleet's demand
+// as it arrives, after reading the consumed totals of the item t holds,
+// and the last grant when it went faster than planned. nil: grant
+// nothing.
+func (ls *leases) asks(t *target, now, rtt int64) []lease.Ask {
 	h := ls.getOrAdd(t.key)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -227,39 +237,52 @@ func (ls *leases) rates(t *target, now int64) (own, fleet []float64) {
 		if h.held() > 0 {
 			// Tokens under other limits wait for a decision that folds
 			// them; meanwhile this one grants nothing.
-			return nil, nil
+			return nil
 		}
 		h.align(t.res, t.fp)
 	}
-	tau := ls.horizon()
-	own, fleet = make([]float64, len(h.own)), make([]float64, len(h.own))
+	tau, window := ls.horizon(), ls.policy.WindowMs()
+	fast := h.grantedAt > 0 && now-h.grantedAt < tau/2
+	asks := make([]lease.Ask, len(h.own))
 	for i, l := range t.res.Limits {
 		if t.item != nil && t.item.cfg == t.fp {
 			if s, ok := t.item.stateOf(l.Name); ok {
 				h.fleet[i].Observe(s.Consumed, now, tau)
 			}
 		}
-		own[i], fleet[i] = h.own[i].At(now, tau), h.fleet[i].At(now, tau)
+		asks[i] = lease.Ask{Own: h.own[i].Arriving(now, tau, window), Fleet: h.fleet[i].Arriving(now, tau, window),
+			Held: h.tokens[i], RTT: rtt}
+		if fast {
+			asks[i].Grow = h.granted[i]
+		}
 	}
-	return own, fleet
+	return asks
 }
 
-// spent records that this replica spent costs (per limit of t) at now,
-// whether from its lease or through a write: it is its demand.
-func (ls *leases) spent(t *target, costs []int64, now int64) {
-	h := ls.getOrAdd(t.key)
+// quickTau is the memory (ms) of holding.quick.
+const quickTau = 1000
+
+// demand is what a lease on each of t's limits would be sized from at
+// now (but what the bucket holds): this replica's demand as Ask.Own, the
+// greater of its demand over the horizon and what it is asked over the
+// last round trips of rtt ms; nil when it has none under t's limits.
+func (ls *leases) demand(t *target, now, rtt int64) []lease.Ask {
+	h := ls.get(t.key)
+	if h == nil {
+		return nil
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.matches(t) {
-		if h.held() > 0 {
-			return
-		}
-		h.align(t.res, t.fp)
+		return nil
 	}
-	for i, c := range costs {
-		h.own[i].Add(c, now, ls.horizon())
+	tau, window := ls.horizon(), ls.policy.WindowMs()
+	out := make([]lease.Ask, len(h.own))
+	for i := range h.own {
+		own := max(h.own[i].Arriving(now, tau, window), h.quick[i].Arriving(now, quickTau, max(rtt, 10)))
+		out[i] = lease.Ask{Own: own, Fleet: h.fleet[i].Arriving(now, tau, window), RTT: rtt}
 	}
-	h.used = max(h.used, now)
+	return out
 }
 
 // credit adds the tokens t's write took for the lease (t.grant), and
@@ -298,7 +321,38 @@ func (ls *leases) credit(t *target, now int64) {
 		h.tokens[i] += g
 		h.granted[i] = g
 	}
+	h.grantedAt = now
 	h.expires = now + 2*ls.horizon()
+	h.used = max(h.used, now)
+	ls.stats.Leased.Add(uint64(sum))
+	ls.stats.LeaseOutstanding.Add(sum)
+}
+
+// add puts tokens (per limit of t) into t's lease that left the bucket
+// for a call nobody took the answer of; they are dropped when the lease
+// holds tokens under other limits.
+func (ls *leases) add(t *target, tokens []int64, now int64) {
+	var sum int64
+	for _, v := range tokens {
+		sum += v
+	}
+	if sum == 0 {
+		return
+	}
+	h := ls.getOrAdd(t.key)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.matches(t) {
+		if h.held() > 0 {
+			ls.stats.LeaseDropped.Add(uint64(sum))
+			return
+		}
+		h.align(t.res, t.fp)
+	}
+	for i, v := range tokens {
+		h.tokens[i] += v
+	}
+	h.expires = max(h.expires, now+2*ls.horizon())
 	h.used = max(h.used, now)
 	ls.stats.Leased.Add(uint64(sum))
 	ls.stats.LeaseOutstanding.Add(sum)
@@ -396,7 +450,8 @@ func (b *Backend) returnAll(ctx context.Context, ts []target) {
 	wg.Wait()
 }
 
-// backgroundTimeout bounds a renewal's or a return's write.
+// backgroundTimeout bounds a renewal's or a return's write, and a
+// decision's write once its callers may have stopped waiting (detach).
 const backgroundTimeout = 5 * time.Second
 
 // background makes a renewal or a return of t's lease through t's lane,
@@ -414,7 +469,7 @@ func (b *Backend) background(ctx context.Context, t target, kind callKind) {
 	ts := []target{t}
 	if len(batch) == 1 {
 		defer b.lanes.leave(t.key)
-		b.decideBatch(ts, batch)
+		b.decideBatch(ctx, ts, batch)
 		return
 	}
 	_ = b.lead(ctx, ts, []bucketKey{t.key}, batch)
@@ -428,11 +483,19 @@ func (b *Backend) background(ctx context.Context, t target, kind callKind) {
 // cost): exact with one replica, an estimate with several, whose writes
 // it has not seen. A lease left at half its last grant or less is renewed
 // in the background.
-func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level) (backend.Decision, bool) {
+//
+// A call arriving (not one handed back from a batch) counts as this
+// replica's demand whether the lease pays it or not: demand is what is
+// asked, so that a replica whose lease runs dry at the limit still sees
+// how much more it is asked than it gets.
+func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level, arriving bool) (backend.Decision, bool) {
 	now := b.now()
+	tau, window, rtt := b.leases.horizon(), b.leases.policy.WindowMs(), b.rtt.ms()
 	var hs [2]*holding
 	for i := range ts {
-		if hs[i] = b.leases.get(ts[i].key); hs[i] == nil {
+		if arriving {
+			hs[i] = b.leases.getOrAdd(ts[i].key)
+		} else if hs[i] = b.leases.get(ts[i].key); hs[i] == nil {
 			return backend.Decision{}, false
 		}
 	}
@@ -449,6 +512,23 @@ func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level) 
 	unlock := func() {
 		for _, i := range order {
 			hs[i].mu.Unlock()
+		}
+	}
+	if arriving {
+		for i := range ts {
+			h := hs[i]
+			if !h.matches(&ts[i]) {
+				if h.held() > 0 {
+					continue // tokens under other limits: wait for a fold
+				}
+				h.align(ts[i].res, ts[i].fp)
+			}
+			for j, l := range ts[i].res.Limits {
+				c := bucket.Cost(l, req.Hits)
+				h.own[j].Add(c, now, tau)
+				h.quick[j].Add(c, now, quickTau)
+			}
+			h.used = max(h.used, now)
 		}
 	}
 	var limits []bucket.Limit
@@ -468,7 +548,6 @@ func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level) 
 	}
 	results := make([]bucket.Result, 0, len(limits))
 	var renew []target
-	tau := b.leases.horizon()
 	for i := range ts {
 		h, t := hs[i], &ts[i]
 		var spent int64
@@ -476,7 +555,6 @@ func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level) 
 			c := bucket.Cost(l, req.Hits)
 			h.tokens[j] -= c
 			spent += c
-			h.own[j].Add(c, now, tau)
 			view := bucket.State{Clock: now}
 			if it := h.item; it != nil && !it.expired(now) && it.cfg == t.fp {
 				if s, ok := it.stateOf(l.Name); ok {
@@ -497,7 +575,7 @@ func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level) 
 			continue
 		}
 		for j := range h.tokens {
-			if lease.Renew(h.tokens[j], h.granted[j]) {
+			if lease.Renew(h.tokens[j], h.granted[j], h.own[j].Arriving(now, tau, window), rtt) {
 				h.busy = true
 				renew = append(renew, target{key: t.key, res: t.res, fp: t.fp})
 				break

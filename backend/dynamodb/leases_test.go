@@ -494,11 +494,12 @@ func (e *env) audit(t *testing.T) []string {
 // call too.
 func TestStaleCopyOfSharedBucketWrittenInOneCall(t *testing.T) {
 	e := newEnv(t)
-	a, b := e.replica(t, Options{}), e.replica(t, Options{})
+	// Leases of a token at most (a thousandth of the burst), so that
+	// each request below costs more than every lease holds: each is a
+	// write.
+	a, b := e.replica(t, Options{LeaseShare: 0.001}), e.replica(t, Options{LeaseShare: 0.001})
 	// 1000/s: full again within a second, so its TTL is 7 s.
 	one := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1000/s", 0)}, Hits: 1}
-	// Each request below costs more than every lease holds (a lease is
-	// about what its replica spent lately): each is a write.
 	hits := func(n uint64) backend.Request { r := one; r.Hits = n; return r }
 	mustDecide(t, a, one)
 	mustDecide(t, b, one) // b's first write finds a's item

@@ -27,6 +27,10 @@ type Stats struct {
 	// race on a bucket near its limit: other replicas took its last
 	// tokens first.
 	Contended atomic.Uint64
+	// DeadlineDenials counts decisions denied because their deadline came
+	// while they waited for a write on a bucket that could not lease this
+	// replica a round trip of its demand (leases on; Backend.gaveUp).
+	DeadlineDenials atomic.Uint64
 	// Leased and Returned count the millitokens moved into this replica's
 	// leases and back into buckets; LeaseDropped those lost on the way (a
 	// write whose outcome is unknown, a limit removed); LeaseOutstanding

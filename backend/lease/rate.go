@@ -10,6 +10,7 @@ import "math"
 type Rate struct {
 	perMs float64
 	at    int64 // when perMs was last brought up to date (ms); 0: never
+	first int64 // when the first amount was recorded (ms); 0: never
 }
 
 // Add records n millitokens gone at now (epoch ms). A time before the
@@ -20,8 +21,26 @@ func (r *Rate) Add(n, now, tau int64) {
 		r.at = now
 	}
 	if n > 0 && tau > 0 {
+		if r.first == 0 {
+			r.first = now
+		}
 		r.perMs += float64(n) / float64(tau)
 	}
+}
+
+// Arriving is the estimate at now as demand arrives: At, less the bias
+// of an average that started at zero when the first amount came. Soon
+// after the first amount that is what came since, over the time since
+// (but over at least window ms, so that a first burst is not read as an
+// endless one); a tau after it, it is At. A key that turns hot is then
+// seen at its new pace from its first calls, not a horizon later.
+func (r Rate) Arriving(now, tau, window int64) float64 {
+	v := r.At(now, tau)
+	if r.first == 0 || tau <= 0 {
+		return v
+	}
+	elapsed := max(now-r.first, window, 1)
+	return v / -math.Expm1(-float64(elapsed)/float64(tau))
 }
 
 // At is the estimate at now: what was recorded, decayed to now.
@@ -64,3 +83,6 @@ func (c *Counter) Observe(total, now, tau int64) {
 
 // At is the fleet's estimated rate at now, in millitokens per ms.
 func (c Counter) At(now, tau int64) float64 { return c.rate.At(now, tau) }
+
+// Arriving is At less the bias of its start, as Rate.Arriving.
+func (c Counter) Arriving(now, tau, window int64) float64 { return c.rate.Arriving(now, tau, window) }

@@ -1,0 +1,239 @@
+package dynamodb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+// waitWrites waits until no write of b is in flight and its lanes are
+// free, for a test that reads what the writes left.
+func waitWrites(t *testing.T, b *Backend) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		b.lanes.mu.Lock()
+		n := len(b.lanes.m)
+		b.lanes.mu.Unlock()
+		if n == 0 {
+			waitBackground(t, b)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a lane is still held after 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A table slower than every caller's deadline (150 ms writes, 50 ms
+// deadlines): the first callers on a key fail, by their deadline, but the
+// write the first of them started lands anyway, and the tokens it took
+// for that caller and for the lease wait in the lease. The next callers
+// are answered from it within their deadlines, with no write of their
+// own. Nothing is lost: on Close the bucket holds exactly what was not
+// admitted.
+func TestAbandonedWriteWarmsTheKey(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{}, slowWrites{e.client, 150 * time.Millisecond})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 1000)}, Hits: 1}
+	decideAllWithin := func(n int, budget time.Duration) (allowed int, errs []error, late int) {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), budget)
+				defer cancel()
+				start := time.Now()
+				r := req
+				d, err := b.Decide(ctx, &r)
+				took := time.Since(start)
+				mu.Lock()
+				defer mu.Unlock()
+				if took > budget+100*time.Millisecond {
+					late++
+				}
+				if err != nil {
+					errs = append(errs, err)
+				} else if d.Allowed {
+					allowed++
+				}
+			})
+		}
+		wg.Wait()
+		return allowed, errs, late
+	}
+
+	// The bucket's config records are read once, by a read of its own
+	// (recordcache): that is not this test's subject.
+	if _, err := b.records.get(context.Background(), "e", "r"); err != nil {
+		t.Fatal(err)
+	}
+	allowed, errs, late := decideAllWithin(10, 50*time.Millisecond)
+	if allowed != 0 || len(errs) != 10 || late != 0 {
+		t.Fatalf("first calls: %d allowed, %d late, errors %v; want every one to fail by its deadline", allowed, late, errs)
+	}
+	for _, err := range errs {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("first calls: %v, want their deadline", err)
+		}
+	}
+	waitWrites(t, b)
+	s := b.Stats()
+	leased := s.LeaseOutstanding.Load()
+	if leased <= bucket.Milli {
+		t.Fatalf("after the abandoned write the lease holds %d millitokens, want the first caller's token and a grant", leased)
+	}
+	tc := attrN(t, e.rawItem(t, b.keys.EntityPK("e"), b.keys.BucketSK("r")), "b_x_tc")
+	if tc != leased {
+		t.Fatalf("the bucket counts %d millitokens taken, the lease holds %d: every token taken is in the lease", tc, leased)
+	}
+
+	writesBefore, localBefore := writes(b), s.LocalAnswers.Load()
+	allowed, errs, late = decideAllWithin(10, 50*time.Millisecond)
+	if allowed != 10 || len(errs) != 0 || late != 0 {
+		t.Fatalf("calls after the write landed: %d of 10 allowed, %d late, errors %v", allowed, late, errs)
+	}
+	if n := s.LocalAnswers.Load() - localBefore; n != 10 {
+		t.Errorf("%d of 10 answered from the lease", n)
+	}
+	t.Logf("lease %d millitokens after the abandoned write; %d writes before the second round, %d after", leased, writesBefore, writes(b))
+
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if tk := e.tokensIn(t, b, "e", "r", "x"); tk != (1000-10)*bucket.Milli {
+		t.Errorf("after Close the bucket holds %d millitokens, want %d (10 admitted)", tk, (1000-10)*bucket.Milli)
+	}
+}
+
+// A key that turns hot from cold, 10 callers on one replica, 5 ms to the
+// table: the lease follows demand as it arrives and at least doubles at
+// each early renewal, so the key is warm after a handful of writes
+// instead of a write per batch for a horizon.
+func TestHotKeyFromColdWarmsInAFewWrites(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{Now: func() int64 { return time.Now().UnixMilli() }}, slowWrites{e.client, 5 * time.Millisecond})
+	req := backend.Request{Entity: "hot", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1000000000/s", 0)}, Hits: 1}
+	const callers, each = 10, 300
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range callers {
+		wg.Go(func() {
+			for range each {
+				r := req
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				if d, err := b.Decide(ctx, &r); err != nil || !d.Allowed {
+					failed.Add(1)
+				}
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	w := writes(b)
+	t.Logf("%d decisions from cold: %d writes, %d answered locally, %d leased", callers*each, w, b.Stats().LocalAnswers.Load(), b.Stats().Leased.Load())
+	if failed.Load() != 0 {
+		t.Fatalf("%d decisions failed or were denied under a limit nobody reaches", failed.Load())
+	}
+	// Doubling from a first lease of 30 tokens covers 3,000 decisions in
+	// 7 grants; a write per batch of 10 callers would be 300.
+	if w > 25 {
+		t.Errorf("%d writes for %d decisions from cold, want at most 25", w, callers*each)
+	}
+}
+
+// A table farther than the callers' deadlines (70 ms writes, 40 ms left
+// of Envoy's 50 for the backend, as the service leaves it), one key at
+// its limit, three replicas with 30 callers each, after one unhurried
+// call per replica. Before leases outlived their callers no call here
+// was ever admitted (every write died with its caller, and Envoy failed
+// open): now the fleet admits most of its bound and never more, nearly
+// every call is answered in time, admitted or denied, and few are left
+// to the failure policy. Issue 24's target is no such call at all; the
+// first round trips after the load starts still leave some (the note
+// on the issue says where).
+func TestFarTableAtTheLimit(t *testing.T) {
+	e := newEnv(t)
+	wall := func() int64 { return time.Now().UnixMilli() }
+	l := lim(t, "x", "500/s", 500)
+	req := backend.Request{Entity: "far", Resource: "r", Defaults: []bucket.Limit{l}, Hits: 1}
+	var replicas []*Backend
+	for range 3 {
+		replicas = append(replicas, e.replica(t, Options{Now: wall}, slowWrites{e.client, 70 * time.Millisecond}))
+	}
+	start := time.Now()
+	for _, b := range replicas {
+		r := req
+		if d, err := b.Decide(context.Background(), &r); err != nil || !d.Allowed {
+			t.Fatalf("unhurried first call: %+v, %v", d, err)
+		}
+	}
+	goroutines := runtime.NumGoroutine()
+	const run, budget = 2 * time.Second, 40 * time.Millisecond
+	var admitted, denied, failed, late atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	end := time.Now().Add(run)
+	for _, b := range replicas {
+		for range 30 {
+			wg.Go(func() {
+				for time.Now().Before(end) {
+					ctx, cancel := context.WithTimeout(context.Background(), budget)
+					began := time.Now()
+					r := req
+					d, err := b.Decide(ctx, &r)
+					cancel()
+					if time.Since(began) > budget+50*time.Millisecond {
+						late.Add(1)
+					}
+					switch {
+					case err != nil:
+						failed.Add(1)
+						firstErr.CompareAndSwap(nil, fmt.Sprint(err))
+					case d.Allowed:
+						admitted.Add(1)
+					default:
+						denied.Add(1)
+					}
+					time.Sleep(time.Millisecond) // Envoys, not a spin: leave the machine some room
+
+				}
+			})
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	peak := runtime.NumGoroutine()
+	bound := float64(l.Burst)/bucket.Milli + 500*elapsed.Seconds() + 1
+	got := float64(admitted.Load() + 3) // the unhurried calls
+	t.Logf("admitted %d (+3 unhurried), denied %d, failed %d (%v), late %d; bound %.0f over %v: %.3f of it; goroutines %d before the load, %d after",
+		admitted.Load(), denied.Load(), failed.Load(), firstErr.Load(), late.Load(), bound, elapsed.Round(time.Millisecond), got/bound, goroutines, peak)
+	if got > bound {
+		t.Errorf("admitted %.0f, over the bound %.0f", got, bound)
+	}
+	// Each replica ends holding up to its part of two round trips of
+	// refill, unspent, the priming takes a second or so of the bound's
+	// time, and the first round trips' calls find no lease that covers
+	// them: 0.7 is an honest floor on a busy 2-core machine (0.76 to 0.83
+	// measured, with and without the race detector). The failures, about
+	// 5% here, all come in the first second (issue 24 wants none): the
+	// bound of 10% only keeps the change from sliding back to all of them.
+	if got < 0.7*bound {
+		t.Errorf("admitted %.0f, under 0.7 of the bound %.0f", got, bound)
+	}
+	total := admitted.Load() + denied.Load() + failed.Load()
+	if failed.Load() > total/10 {
+		t.Errorf("%d of %d calls failed (first: %v), want at most 10%%", failed.Load(), total, firstErr.Load())
+	}
+	if late.Load() > total/50 {
+		t.Errorf("%d of %d calls answered past their deadline, want at most 2%%", late.Load(), total)
+	}
+}
