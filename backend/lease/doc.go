@@ -18,7 +18,16 @@
 //     many there are;
 //   - what the bucket still holds: a replica never takes more than half
 //     its part of that, so leases shrink to nothing as the bucket nears
-//     its limit and the decision falls back to one write per request.
+//     its limit.
+//
+// Three more keep leases whole in the transients (DESIGN section 13):
+// demand is read as it arrives (Rate.Arriving), so a key that turns hot
+// is seen at its new pace from its first calls; a lease renewed early
+// grows at least twofold (Ask.Grow); and whatever the caps give, a lease
+// is topped up to two round trips to the store of the replica's demand,
+// near the limit out of its part of the refill, so that a far store puts
+// no round trip on an admission. Short says when even that lease would
+// not last a round trip: a bucket asked beyond its means from afar.
 //
 // Sizes only ever lower what is taken below what the bucket holds: the
 // store's conditional write, not this package, guarantees that no token
