@@ -285,6 +285,22 @@ func (ls *leases) demand(t *target, now, rtt int64) []lease.Ask {
 	return out
 }
 
+// hold returns t's holding locked and lined up with t's limits, or nil
+// (nothing locked) when it holds tokens under other limits, which wait
+// for a decision that folds them.
+func (ls *leases) hold(t *target) *holding {
+	h := ls.getOrAdd(t.key)
+	h.mu.Lock()
+	if !h.matches(t) {
+		if h.held() > 0 {
+			h.mu.Unlock()
+			return nil
+		}
+		h.align(t.res, t.fp)
+	}
+	return h
+}
+
 // credit adds the tokens t's write took for the lease (t.grant), and
 // records the bucket as the write left it (t.item).
 func (ls *leases) credit(t *target, now int64) {
@@ -292,18 +308,14 @@ func (ls *leases) credit(t *target, now int64) {
 	for _, g := range t.grant {
 		sum += g
 	}
-	h := ls.getOrAdd(t.key)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.matches(t) {
-		if h.held() > 0 {
-			// Cannot happen while t holds the bucket's lane (nothing else
-			// grants meanwhile); never mix limits if it does.
-			ls.stats.LeaseDropped.Add(uint64(sum))
-			return
-		}
-		h.align(t.res, t.fp)
+	h := ls.hold(t)
+	if h == nil {
+		// Cannot happen while t holds the bucket's lane (nothing else
+		// grants meanwhile); never mix limits if it does.
+		ls.stats.LeaseDropped.Add(uint64(sum))
+		return
 	}
+	defer h.mu.Unlock()
 	if !t.refund && t.item != nil && t.item.cfg == t.fp {
 		// The write left each limit's consumed total at what this
 		// replica computed (t.states), unless others added to it.
@@ -339,16 +351,12 @@ func (ls *leases) add(t *target, tokens []int64, now int64) {
 	if sum == 0 {
 		return
 	}
-	h := ls.getOrAdd(t.key)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.matches(t) {
-		if h.held() > 0 {
-			ls.stats.LeaseDropped.Add(uint64(sum))
-			return
-		}
-		h.align(t.res, t.fp)
+	h := ls.hold(t)
+	if h == nil {
+		ls.stats.LeaseDropped.Add(uint64(sum))
+		return
 	}
+	defer h.mu.Unlock()
 	for i, v := range tokens {
 		h.tokens[i] += v
 	}
