@@ -88,23 +88,10 @@ func TestParseFlags(t *testing.T) {
 // /metrics and checks the JSON record and the metrics block.
 func TestDriveJSON(t *testing.T) {
 	addr, metrics := memoryTarget(t)
-	var stdout, stderr bytes.Buffer
-	code := run(t.Context(), []string{
-		"-addr", addr, "-metrics", metrics, "-domain", bench.Domain, "-descriptor", bench.Key + "=k",
-		"-over-limit", "0.5", "-over-descriptor", bench.OverKey + "=x", "-keys", "10", "-dist", "zipf",
-		"-concurrency", "4", "-conns", "1", "-requests", "300", "-duration", "1m", "-warmup", "0", "-json",
-	}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr.String())
-	}
-	var rec record
-	dec := json.NewDecoder(&stdout)
-	if err := dec.Decode(&rec); err != nil {
-		t.Fatalf("stdout is not a JSON record: %v\n%s", err, stdout.String())
-	}
-	if dec.More() {
-		t.Fatal("more than one record for one run")
-	}
+	rec, report := driveRecord(t,
+		"-addr", addr, "-metrics", metrics, "-domain", bench.Domain, "-descriptor", bench.Key+"=k",
+		"-over-limit", "0.5", "-over-descriptor", bench.OverKey+"=x", "-keys", "10", "-dist", "zipf",
+		"-concurrency", "4", "-conns", "1", "-requests", "300", "-duration", "1m", "-warmup", "0")
 	switch {
 	case rec.Requests != 300 || rec.Errors != 0 || rec.OK+rec.OverLimit != 300 || rec.OverLimit == 0:
 		t.Fatalf("record %+v: want 300 calls, some over limit, no errors", rec)
@@ -116,8 +103,8 @@ func TestDriveJSON(t *testing.T) {
 		t.Fatalf("throughput %v, p50 %vµs", rec.Throughput, rec.P50)
 	}
 	for _, want := range []string{"backend decisions", "300", "n/a", "writes per allowed decision"} {
-		if !strings.Contains(stderr.String(), want) {
-			t.Errorf("report on stderr lacks %q:\n%s", want, stderr.String())
+		if !strings.Contains(report, want) {
+			t.Errorf("report on stderr lacks %q:\n%s", want, report)
 		}
 	}
 }
@@ -129,18 +116,9 @@ func TestDriveJSON(t *testing.T) {
 // windows and the priming calls.
 func TestDriveSeriesJSON(t *testing.T) {
 	addr, metrics := memoryTarget(t)
-	var stdout, stderr bytes.Buffer
-	code := run(t.Context(), []string{
-		"-addr", addr, "-metrics", metrics, "-domain", bench.Domain, "-descriptor", bench.Key + "=s", "-fresh", "-prime",
-		"-series", "150ms", "-duration", "600ms", "-warmup", "0", "-concurrency", "4", "-conns", "1", "-timeout", "10s", "-json",
-	}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr.String())
-	}
-	var rec record
-	if err := json.NewDecoder(&stdout).Decode(&rec); err != nil {
-		t.Fatalf("stdout is not a JSON record: %v\n%s", err, stdout.String())
-	}
+	rec, report := driveRecord(t,
+		"-addr", addr, "-metrics", metrics, "-domain", bench.Domain, "-descriptor", bench.Key+"=s", "-fresh", "-prime",
+		"-series", "150ms", "-duration", "600ms", "-warmup", "0", "-concurrency", "4", "-conns", "1", "-timeout", "10s")
 	if len(rec.Series) != 4 {
 		t.Fatalf("%d windows, want 4 of 150ms over 600ms: %+v", len(rec.Series), rec.Series)
 	}
@@ -169,10 +147,29 @@ func TestDriveSeriesJSON(t *testing.T) {
 		t.Errorf("descriptor %q: want %s=s- and this run's own suffix", d, bench.Key)
 	}
 	for _, want := range []string{"series: windows from the run's first call", "0.00s-   0.15s", "prime: 1 calls", "past the deadline: 0 of"} {
-		if !strings.Contains(stderr.String(), want) {
-			t.Errorf("report on stderr lacks %q:\n%s", want, stderr.String())
+		if !strings.Contains(report, want) {
+			t.Errorf("report on stderr lacks %q:\n%s", want, report)
 		}
 	}
+}
+
+// driveRecord runs sluice-bench with args and -json, and returns the one
+// record it printed and its report.
+func driveRecord(t *testing.T, args ...string) (record, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if code := run(t.Context(), append(args, "-json"), &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	var rec record
+	dec := json.NewDecoder(&stdout)
+	if err := dec.Decode(&rec); err != nil {
+		t.Fatalf("stdout is not a JSON record: %v\n%s", err, stdout.String())
+	}
+	if dec.More() {
+		t.Fatal("more than one record for one run")
+	}
+	return rec, stderr.String()
 }
 
 // memoryTarget serves Sluice on the memory backend with the benchmark
@@ -198,24 +195,15 @@ func memoryTarget(t *testing.T) (addr, metrics string) {
 // came due, how many were late and how many were dropped.
 func TestDriveOpenLoopJSON(t *testing.T) {
 	addr, metrics := memoryTarget(t)
-	var stdout, stderr bytes.Buffer
-	code := run(t.Context(), []string{
-		"-addr", addr, "-metrics", metrics, "-domain", bench.Domain, "-descriptor", bench.Key + "=k",
-		"-rate", "500", "-duration", "400ms", "-warmup", "0", "-concurrency", "8", "-conns", "1", "-json",
-	}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, stderr.String())
-	}
-	var rec record
-	if err := json.NewDecoder(&stdout).Decode(&rec); err != nil {
-		t.Fatalf("stdout is not a JSON record: %v\n%s", err, stdout.String())
-	}
+	rec, report := driveRecord(t,
+		"-addr", addr, "-metrics", metrics, "-domain", bench.Domain, "-descriptor", bench.Key+"=k",
+		"-rate", "500", "-duration", "400ms", "-warmup", "0", "-concurrency", "8", "-conns", "1")
 	if rec.Config.Rate != 500 || rec.Scheduled != 200 || rec.Requests+rec.Dropped != 200 || rec.Metrics == nil ||
 		rec.Metrics.Decisions != float64(rec.OK+rec.OverLimit) {
 		t.Fatalf("record %+v: want 200 calls due at 500/s over 400ms, each sent or dropped, each sent one decision", rec)
 	}
-	if !strings.Contains(stderr.String(), "open loop at 500 calls/s") || !strings.Contains(stderr.String(), "200 calls due") {
-		t.Errorf("report on stderr does not describe the open loop:\n%s", stderr.String())
+	if !strings.Contains(report, "open loop at 500 calls/s") || !strings.Contains(report, "200 calls due") {
+		t.Errorf("report on stderr does not describe the open loop:\n%s", report)
 	}
 }
 
