@@ -631,6 +631,7 @@ type dynamoDBView struct {
 	LocalAnswers     uint64            `json:"local_answers"`
 	Coalesced        uint64            `json:"coalesced_decisions"`
 	Contended        uint64            `json:"contended_denials"`
+	DeadlineDenials  uint64            `json:"deadline_denials"`
 	Leases           leaseView         `json:"leases"`
 }
 
@@ -688,7 +689,7 @@ func (s *server) describe() configView {
 			CacheHits:  st.CacheHits.Load(), CacheMisses: st.CacheMisses.Load(),
 			ConditionRetries: st.ConditionRetries.Load(),
 			LocalAnswers:     st.LocalAnswers.Load(), Coalesced: st.Coalesced.Load(),
-			Contended: st.Contended.Load(),
+			Contended: st.Contended.Load(), DeadlineDenials: st.DeadlineDenials.Load(),
 			Leases: leaseView{Horizon: d.LeaseHorizon().String(),
 				Leased: float64(st.Leased.Load()) / 1000, Returned: float64(st.Returned.Load()) / 1000,
 				Dropped: float64(st.LeaseDropped.Load()) / 1000, Outstanding: float64(st.LeaseOutstanding.Load()) / 1000,
