@@ -367,12 +367,12 @@ func (b *Backend) detach(ts []target, keys []bucketKey, batch []*call) bool {
 
 // gaveUp answers a call that stopped waiting for its bucket at its
 // deadline (err). Where the bucket, as this replica last saw it (within
-// MaxDenyStaleness), holds less than the fleet spends in a round trip
-// (short), the answer is a denial: the writes in flight are taking what
-// is there, so the call would most likely be denied, and an error would
-// let Envoy's failure mode pass it over a limit being reached. Anywhere
-// else (a key far below its limit whose lease is still growing) it is
-// err, for the failure policy.
+// MaxDenyStaleness), could not lease it a round trip of its demand
+// (short), the answer is a denial: the replica is asked more than its
+// part of the bucket, and an error would let Envoy's failure mode pass
+// the call over a limit being reached. Anywhere else (a key far below
+// its limit whose lease is still growing) it is err, for the failure
+// policy.
 func (b *Backend) gaveUp(ts []target, req *backend.Request, level backend.Level, err error) (backend.Decision, error) {
 	if b.leases == nil || req.Refund || req.Hits == 0 {
 		return backend.Decision{}, err
@@ -390,7 +390,7 @@ func (b *Backend) gaveUp(ts []target, req *backend.Request, level backend.Level,
 	for j, l := range limits {
 		c.results[j] = bucket.Result{Cost: bucket.Cost(l, req.Hits)}
 	}
-	b.deny(&c)
+	c.deny()
 	b.stats.DeadlineDenials.Add(1)
 	return decision(&c, level), nil
 }
@@ -500,11 +500,11 @@ func (b *Backend) denyFromSeen(ts []target, req *backend.Request, level backend.
 		if b.leases == nil || !b.writing(ts) || !b.short(ts, now) {
 			return backend.Decision{}, false
 		}
-		// The bucket holds less than the fleet spends in a round trip,
-		// and this replica's write is on its way to take its part of
-		// it: queueing behind that write would put a round trip on a
+		// The bucket could not lease this replica a round trip of its
+		// demand, and the replica's write is on its way to take its
+		// part: queueing behind that write would put a round trip on a
 		// call it will most likely leave nothing for.
-		b.deny(&c)
+		c.deny()
 	}
 	b.stats.LocalAnswers.Add(1)
 	return decision(&c, level), true
@@ -861,23 +861,10 @@ func nearLimit(ts []target, now int64) bool {
 func (b *Backend) contended(ts []target, calls []*call, now int64) {
 	for _, c := range calls {
 		if c.kind == decide {
-			b.deny(c)
+			c.deny()
 			b.stats.Contended.Add(1)
 		}
 		c.finish()
-	}
-}
-
-// deny turns c's answer into a denial on every limit, each with the time
-// its cost takes to refill as the wait.
-func (b *Backend) deny(c *call) {
-	c.allowed = false
-	for j, l := range c.limits {
-		r := &c.results[j]
-		r.Allowed = false
-		if r.Wait = bucket.FillTime(l, r.Cost); r.Wait <= 0 {
-			r.Wait = bucket.Never
-		}
 	}
 }
 

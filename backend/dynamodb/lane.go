@@ -113,6 +113,19 @@ func (c *call) finish() bool {
 	return c.state.Load() == callAnswered
 }
 
+// deny turns c's answer into a denial on every limit, each with the time
+// its cost takes to refill as the wait.
+func (c *call) deny() {
+	c.allowed = false
+	for j, l := range c.limits {
+		r := &c.results[j]
+		r.Allowed = false
+		if r.Wait = bucket.FillTime(l, r.Cost); r.Wait <= 0 {
+			r.Wait = bucket.Never
+		}
+	}
+}
+
 // abandon is the caller's side of the hand-shake: it stops waiting for
 // c's answer. It reports false when the answer is already in; the caller
 // must then take it (it will find it on wake).

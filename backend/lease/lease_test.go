@@ -186,11 +186,7 @@ func TestRateArriving(t *testing.T) {
 	}
 	// 800 more in 800 ms: read over the window as 801 a second, while
 	// At still sees a fraction of it.
-	for range 400 {
-		now++
-		r.Add(1000, now, tau)
-	}
-	for range 400 {
+	for range 800 {
 		now++
 		r.Add(1000, now, tau)
 	}
