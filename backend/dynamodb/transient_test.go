@@ -144,9 +144,13 @@ func TestHotKeyFromColdWarmsInAFewWrites(t *testing.T) {
 		t.Fatalf("%d decisions failed or were denied under a limit nobody reaches", failed.Load())
 	}
 	// Doubling from a first lease of 30 tokens covers 3,000 decisions in
-	// 7 grants; a write per batch of 10 callers would be 300.
-	if w > 25 {
-		t.Errorf("%d writes for %d decisions from cold, want at most 25", w, callers*each)
+	// 7 grants; 2 to 4 measured. Leases sized by the horizon's average
+	// from zero took 12 to 20, and 50 to 80 decisions waited for them.
+	if w > 8 {
+		t.Errorf("%d writes for %d decisions from cold, want at most 8", w, callers*each)
+	}
+	if waited := callers*each - int(b.Stats().LocalAnswers.Load()); waited > 30 {
+		t.Errorf("%d of %d decisions from cold waited for a write, want at most 30", waited, callers*each)
 	}
 }
 
