@@ -410,7 +410,7 @@ func (b *Backend) short(ts []target, now int64) bool {
 		if t.item == nil || t.item.cfg != t.fp || t.item.expired(now) {
 			continue
 		}
-		asks := b.leases.demand(t, now, rtt)
+		asks := b.leases.asks(t, now, rtt)
 		for j, l := range t.res.Limits {
 			s, ok := t.item.stateOf(l.Name)
 			if !ok || asks == nil {

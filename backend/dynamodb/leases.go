@@ -59,8 +59,8 @@ type holding struct {
 	item *bucketItem
 	own  []lease.Rate // this replica's spending, per limit
 	// quick is the same demand over about a second (quickTau): what the
-	// replica is asked right now, for telling a bucket about to run dry
-	// (Backend.short) before the horizon's average has caught up.
+	// replica is asked right now, before the horizon's average has caught
+	// up with a spike.
 	quick   []lease.Rate
 	fleet   []lease.Counter // the fleet's taking (the item's tc), per limit
 	expires int64           // ms: from then on the tokens are only returned
@@ -225,10 +225,12 @@ func (ls *leases) drop(t *target) {
 }
 
 // asks returns what each of t's limits' next grant is sized from at now
-// (all but what the bucket holds): this replica's and the fleet's demand
-// as it arrives, after reading the consumed totals of the item t holds,
-// and the last grant when it went faster than planned. nil: grant
-// nothing.
+// (all but what the bucket holds): this replica's demand as it arrives,
+// the greater of the horizon's and what it was asked over the last
+// second (quick, read over at least a round trip of rtt ms), so that a
+// spike is met at its pace; the fleet's, after reading the consumed
+// totals of the item t holds; what the lease holds; and the last grant
+// when it went faster than planned. nil: grant nothing.
 func (ls *leases) asks(t *target, now, rtt int64) []lease.Ask {
 	h := ls.getOrAdd(t.key)
 	h.mu.Lock()
@@ -250,8 +252,8 @@ func (ls *leases) asks(t *target, now, rtt int64) []lease.Ask {
 				h.fleet[i].Observe(s.Consumed, now, tau)
 			}
 		}
-		asks[i] = lease.Ask{Own: h.own[i].Arriving(now, tau, window), Fleet: h.fleet[i].Arriving(now, tau, window),
-			Held: h.tokens[i], RTT: rtt}
+		own := max(h.own[i].Arriving(now, tau, window), h.quick[i].Arriving(now, quickTau, max(rtt, 10)))
+		asks[i] = lease.Ask{Own: own, Fleet: h.fleet[i].Arriving(now, tau, window), Held: h.tokens[i], RTT: rtt}
 		if fast {
 			asks[i].Grow = h.granted[i]
 		}
@@ -261,29 +263,6 @@ func (ls *leases) asks(t *target, now, rtt int64) []lease.Ask {
 
 // quickTau is the memory (ms) of holding.quick.
 const quickTau = 1000
-
-// demand is what a lease on each of t's limits would be sized from at
-// now (but what the bucket holds): this replica's demand as Ask.Own, the
-// greater of its demand over the horizon and what it is asked over the
-// last round trips of rtt ms; nil when it has none under t's limits.
-func (ls *leases) demand(t *target, now, rtt int64) []lease.Ask {
-	h := ls.get(t.key)
-	if h == nil {
-		return nil
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if !h.matches(t) {
-		return nil
-	}
-	tau, window := ls.horizon(), ls.policy.WindowMs()
-	out := make([]lease.Ask, len(h.own))
-	for i := range h.own {
-		own := max(h.own[i].Arriving(now, tau, window), h.quick[i].Arriving(now, quickTau, max(rtt, 10)))
-		out[i] = lease.Ask{Own: own, Fleet: h.fleet[i].Arriving(now, tau, window), RTT: rtt}
-	}
-	return out
-}
 
 // hold returns t's holding locked and lined up with t's limits, or nil
 // (nothing locked) when it holds tokens under other limits, which wait
