@@ -18,7 +18,8 @@ import (
 // admits a token that has not left the shared bucket.
 //
 // A lease is topped up by a renewal in the background once half of its
-// last grant is spent, so steady traffic never waits; it goes back to its
+// last grant is spent or it would last less than three round trips
+// (lease.Renew), so steady traffic never waits; it goes back to its
 // bucket (a write that ADDs, capped at the burst) when the key has been
 // idle for a horizon, when it expires (two horizons after its last
 // grant), when its bucket's limits change, and on Close. A decision its

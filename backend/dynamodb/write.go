@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -339,31 +338,3 @@ func (b *Backend) writeTx(ctx context.Context, ts []target, ops []op) error {
 	}
 	return fmt.Errorf("writing cascade %q/%q: %w", ts[0].key.entity, ts[0].key.resource, err)
 }
-
-// roundTrip is a moving average of how long a bucket write takes, in
-// microseconds (0: none seen yet). Writes that failed for any reason but
-// a lost race say nothing of the distance and are left out.
-type roundTrip struct{ us atomic.Int64 }
-
-func (r *roundTrip) observe(d time.Duration, err error) {
-	var ccf *types.ConditionalCheckFailedException
-	var tce *types.TransactionCanceledException
-	if err != nil && !errors.As(err, &ccf) && !errors.As(err, &tce) {
-		return
-	}
-	sample := max(d.Microseconds(), 1)
-	for {
-		old := r.us.Load()
-		next := sample
-		if old > 0 {
-			next = old + (sample-old)/8
-		}
-		if r.us.CompareAndSwap(old, next) {
-			return
-		}
-	}
-}
-
-// ms is the average in whole milliseconds, rounded up: 0 only before the
-// first write.
-func (r *roundTrip) ms() int64 { return (r.us.Load() + 999) / 1000 }
