@@ -301,6 +301,13 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if d, ok := b.denyFromSeen(ts, req, level); ok {
 		return d, nil
 	}
+	if b.leases != nil && !req.Refund && req.Hits > 0 && b.beyondReach(ctx) {
+		// No write can be back before this call's deadline: waiting for
+		// one would only answer it late. It is answered now, and the
+		// lease is renewed for the calls after it.
+		b.renewNow(ts)
+		return b.gaveUp(ts, req, level, fmt.Errorf("bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach))
+	}
 	keys := make([]bucketKey, len(ts))
 	for i := range ts {
 		keys[i] = ts[i].key
@@ -363,6 +370,31 @@ func (b *Backend) detach(ts []target, keys []bucketKey, batch []*call) bool {
 		defer stop()
 		b.decideBatch(ctx, ts, batch)
 	})
+}
+
+// errBeyondReach answers a call whose deadline is nearer than the
+// table's measured round trip: as a deadline, for the failure policy.
+var errBeyondReach = fmt.Errorf("the table's round trip is longer than the time left to the deadline: %w", context.DeadlineExceeded)
+
+// beyondReach reports whether ctx ends sooner than a bucket write takes,
+// as measured: a table farther away (or slower, for now) than the
+// caller's deadline. Unknown before the first write.
+func (b *Backend) beyondReach(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	rtt := b.rtt.ms()
+	return ok && rtt > 0 && time.Until(d) < time.Duration(rtt)*time.Millisecond
+}
+
+// renewNow starts a renewal of the lease on every bucket of ts that has
+// none under way: calls that could not wait for a write of their own
+// still fill the lease, through their demand, for the calls after them.
+func (b *Backend) renewNow(ts []target) {
+	for i := range ts {
+		if t := ts[i]; b.leases.startRenewal(&t) {
+			r := target{key: t.key, res: t.res, fp: t.fp}
+			b.goBackground(func() { b.background(b.bg, r, renewal) })
+		}
+	}
 }
 
 // gaveUp answers a call that stopped waiting for its bucket at its

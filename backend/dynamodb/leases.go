@@ -62,7 +62,14 @@ type holding struct {
 	// quick is the same demand over about a second (quickTau): what the
 	// replica is asked right now, before the horizon's average has caught
 	// up with a spike.
-	quick   []lease.Rate
+	quick []lease.Rate
+	// unmet is what the calls that found the lease unable to pay them
+	// asked since dryAt (ms), when that first happened after its last
+	// grant (0: the lease has paid every call since): the need of the
+	// calls waiting for the next grant, which the quick average reads
+	// too slowly when a storm begins.
+	unmet   []int64
+	dryAt   int64
 	fleet   []lease.Counter // the fleet's taking (the item's tc), per limit
 	expires int64           // ms: from then on the tokens are only returned
 	used    int64           // ms: the last spend or grant
@@ -125,6 +132,7 @@ func (h *holding) align(res backend.Resolved, fp string) {
 		}
 	}
 	h.fp, h.res, h.own, h.quick, h.fleet = fp, res, own, quick, fleet
+	h.unmet, h.dryAt = make([]int64, n), 0
 	h.tokens, h.granted = make([]int64, n), make([]int64, n)
 }
 
@@ -254,6 +262,9 @@ func (ls *leases) asks(t *target, now, rtt int64) []lease.Ask {
 			}
 		}
 		own := max(h.own[i].Arriving(now, tau, window), h.quick[i].Arriving(now, quickTau, max(rtt, 10)))
+		if h.dryAt > 0 {
+			own = max(own, float64(h.unmet[i])/float64(max(now-h.dryAt, unmetWindow)))
+		}
 		asks[i] = lease.Ask{Own: own, Fleet: h.fleet[i].Arriving(now, tau, window), Held: h.tokens[i], RTT: rtt}
 		if fast {
 			asks[i].Grow = h.granted[i]
@@ -264,6 +275,17 @@ func (ls *leases) asks(t *target, now, rtt int64) []lease.Ask {
 
 // quickTau is the memory (ms) of holding.quick.
 const quickTau = 1000
+
+// unmetWindow is the shortest time (ms) holding.unmet is read over as a
+// rate: calls arriving within a few ms of each other are a storm's
+// pace, a single call is not.
+const unmetWindow = 10
+
+// refilled marks h's lease able to pay again: no call waits on it.
+func (h *holding) refilled() {
+	h.dryAt = 0
+	clear(h.unmet)
+}
 
 // hold returns t's holding locked and lined up with t's limits, or nil
 // (nothing locked) when it holds tokens under other limits, which wait
@@ -313,6 +335,7 @@ func (ls *leases) credit(t *target, now int64) {
 		h.tokens[i] += g
 		h.granted[i] = g
 	}
+	h.refilled()
 	h.grantedAt = now
 	h.expires = now + 2*ls.horizon()
 	h.used = max(h.used, now)
@@ -340,6 +363,7 @@ func (ls *leases) add(t *target, tokens []int64, now int64) {
 	for i, v := range tokens {
 		h.tokens[i] += v
 	}
+	h.refilled()
 	h.expires = max(h.expires, now+2*ls.horizon())
 	h.used = max(h.used, now)
 	ls.stats.Leased.Add(uint64(sum))
@@ -394,6 +418,38 @@ func (ls *leases) all() []target {
 		h.mu.Unlock()
 	}
 	return out
+}
+
+// unmet records what req asks of the leases hs (locked, lined up with
+// ts) that could not pay it all.
+func unmet(hs []*holding, ts []target, req *backend.Request, now int64) {
+	for i, h := range hs {
+		if !h.matches(&ts[i]) {
+			continue
+		}
+		if h.dryAt == 0 {
+			h.dryAt = now
+		}
+		for j, l := range ts[i].res.Limits {
+			h.unmet[j] += bucket.Cost(l, req.Hits)
+		}
+	}
+}
+
+// startRenewal marks t's lease busy for a renewal and reports true,
+// unless a renewal or return of it is under way, or it holds tokens
+// under other limits.
+func (ls *leases) startRenewal(t *target) bool {
+	h := ls.hold(t)
+	if h == nil {
+		return false
+	}
+	defer h.mu.Unlock()
+	if h.busy {
+		return false
+	}
+	h.busy = true
+	return true
 }
 
 // idle clears the busy mark a renewal or return set.
@@ -522,15 +578,16 @@ func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level, 
 	var limits []bucket.Limit
 	for i := range ts {
 		h := hs[i]
-		if !h.matches(&ts[i]) || now >= h.expires {
+		paid := h.matches(&ts[i]) && now < h.expires
+		for j, l := range ts[i].res.Limits {
+			paid = paid && h.tokens[j] >= bucket.Cost(l, req.Hits)
+		}
+		if !paid {
+			if arriving {
+				unmet(hs[:len(ts)], ts, req, now)
+			}
 			unlock()
 			return backend.Decision{}, false
-		}
-		for j, l := range ts[i].res.Limits {
-			if h.tokens[j] < bucket.Cost(l, req.Hits) {
-				unlock()
-				return backend.Decision{}, false
-			}
 		}
 		limits = append(limits, ts[i].res.Limits...)
 	}

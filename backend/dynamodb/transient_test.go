@@ -159,11 +159,11 @@ func TestHotKeyFromColdWarmsInAFewWrites(t *testing.T) {
 // its limit, three replicas with 30 callers each, after one unhurried
 // call per replica. Before leases outlived their callers no call here
 // was ever admitted (every write died with its caller, and Envoy failed
-// open): now the fleet admits most of its bound and never more, nearly
-// every call is answered in time, admitted or denied, and few are left
-// to the failure policy. Issue 24's target is no such call at all; the
-// first round trips after the load starts still leave some (the note
-// on the issue says where).
+// open): now the fleet admits most of its bound and never more, and
+// nearly every call is answered in time, admitted or denied. What is
+// left to the failure policy is about one call per caller, when the
+// storm begins: the first calls a dry lease turns away are not yet a
+// storm's pace (issue 24 wants none).
 func TestFarTableAtTheLimit(t *testing.T) {
 	e := newEnv(t)
 	wall := func() int64 { return time.Now().UnixMilli() }
@@ -225,20 +225,52 @@ func TestFarTableAtTheLimit(t *testing.T) {
 	}
 	// Each replica ends holding up to its part of two round trips of
 	// refill, unspent, the priming takes a second or so of the bound's
-	// time, and the first round trips' calls find no lease that covers
-	// them: 0.7 is an honest floor on a busy 2-core machine (0.84 to 0.89
-	// measured, with and without the race detector). The failures, 3 to
-	// 6% here, all come in the first second (issue 24 wants none): the
-	// bound of 10% only keeps the change from sliding back to all of them
-	// (the code before it failed 4,319 of 4,320).
+	// time, and the first round trip's calls find no lease that covers
+	// them: 0.7 is an honest floor on a busy 2-core machine (0.78 to 0.89
+	// measured, with and without the race detector and two busy loops).
+	// Failed: 85 to 100 calls, 0.15 to 0.3%; late: 0 to 17 (the code
+	// before this issue's work failed 4,319 of 4,320).
 	if got < 0.7*bound {
 		t.Errorf("admitted %.0f, under 0.7 of the bound %.0f", got, bound)
 	}
 	total := admitted.Load() + denied.Load() + failed.Load()
-	if failed.Load() > total/10 {
-		t.Errorf("%d of %d calls failed (first: %v), want at most 10%%", failed.Load(), total, firstErr.Load())
+	if failed.Load() > total/100 {
+		t.Errorf("%d of %d calls failed (first: %v), want at most 1%%", failed.Load(), total, firstErr.Load())
 	}
-	if late.Load() > total/50 {
-		t.Errorf("%d of %d calls answered past their deadline, want at most 2%%", late.Load(), total)
+	if late.Load() > total/100 {
+		t.Errorf("%d of %d calls answered past their deadline, want at most 1%%", late.Load(), total)
+	}
+}
+
+// Once the table is known to be farther than a call's deadline, the call
+// does not queue for a write that cannot answer it in time: it is
+// answered at once, for the failure policy, and a renewal in the
+// background fills the lease, from which the next call is admitted.
+func TestCallBeyondReachIsAnsweredAtOnce(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{}, slowWrites{e.client, 150 * time.Millisecond})
+	limits := []bucket.Limit{lim(t, "x", "1/hour", 1000)}
+	// One unhurried call measures the round trip.
+	mustDecide(t, b, backend.Request{Entity: "known", Resource: "r", Defaults: limits, Hits: 1})
+	req := backend.Request{Entity: "new", Resource: "r", Defaults: limits, Hits: 1}
+	if _, err := b.records.get(context.Background(), "new", "r"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := b.Decide(ctx, &req)
+	took := time.Since(start)
+	if !errors.Is(err, errBeyondReach) || !errors.Is(err, context.DeadlineExceeded) || took > 30*time.Millisecond {
+		t.Fatalf("a call with 50 ms left, the table 150 ms away: %v after %v; want errBeyondReach at once", err, took)
+	}
+	waitWrites(t, b)
+	if b.Stats().LeaseOutstanding.Load() == 0 {
+		t.Fatal("no renewal filled the lease")
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	if d, err := b.Decide(ctx2, &req); err != nil || !d.Allowed {
+		t.Fatalf("the call after the renewal: %+v, %v", d, err)
 	}
 }
