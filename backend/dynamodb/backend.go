@@ -529,28 +529,10 @@ func (b *Backend) denyFromSeen(ts []target, req *backend.Request, level backend.
 	c := call{req: req}
 	calls := [1]*call{&c}
 	if decideCalls(ts, calls[:], now); c.allowed {
-		if b.leases == nil || !b.writing(ts) || !b.short(ts, now) {
-			return backend.Decision{}, false
-		}
-		// The bucket could not lease this replica a round trip of its
-		// demand, and the replica's write is on its way to take its
-		// part: queueing behind that write would put a round trip on a
-		// call it will most likely leave nothing for.
-		c.deny()
+		return backend.Decision{}, false
 	}
 	b.stats.LocalAnswers.Add(1)
 	return decision(&c, level), true
-}
-
-// writing reports whether a write of this replica is on its way to some
-// bucket of ts.
-func (b *Backend) writing(ts []target) bool {
-	for i := range ts {
-		if b.lanes.writing(ts[i].key) {
-			return true
-		}
-	}
-	return false
 }
 
 // loadSeen starts every target from the last state this replica saw of
@@ -708,9 +690,7 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 			b.written(ts, live, now, false)
 			return
 		}
-		b.lanes.mark(ts, true)
 		err := b.write(ctx, ts, now)
-		b.lanes.mark(ts, false)
 		if err == nil {
 			b.written(ts, live, now, true)
 			return

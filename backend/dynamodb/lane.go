@@ -37,9 +37,8 @@ type lanes struct {
 
 // lane is one bucket's queue.
 type lane struct {
-	busy    bool    // a batch (or a cascade) holds the bucket
-	writing bool    // and waits for its write (mark)
-	queue   []*call // waiting, in arrival order
+	busy  bool    // a batch (or a cascade) holds the bucket
+	queue []*call // waiting, in arrival order
 }
 
 // call is one decision passing through a lane. The fields below wake are
@@ -234,26 +233,6 @@ func (l *lanes) leave(keys ...bucketKey) {
 		clear(ln.queue[len(rest):])
 		ln.queue = rest
 		head.wake <- struct{}{}
-	}
-}
-
-// writing reports whether the batch holding k's lane is waiting for
-// its write now.
-func (l *lanes) writing(k bucketKey) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ln := l.m[k]
-	return ln != nil && ln.writing
-}
-
-// mark sets the writing mark of the lanes of ts, which the caller holds.
-func (l *lanes) mark(ts []target, writing bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for i := range ts {
-		if ln := l.m[ts[i].key]; ln != nil {
-			ln.writing = writing
-		}
 	}
 }
 

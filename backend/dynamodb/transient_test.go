@@ -181,6 +181,7 @@ func TestFarTableAtTheLimit(t *testing.T) {
 		}
 	}
 	goroutines := runtime.NumGoroutine()
+	loadStart := time.Now()
 	const run, budget = 2 * time.Second, 40 * time.Millisecond
 	var admitted, denied, failed, late atomic.Int64
 	var firstErr atomic.Value
@@ -218,20 +219,25 @@ func TestFarTableAtTheLimit(t *testing.T) {
 	peak := runtime.NumGoroutine()
 	bound := float64(l.Burst)/bucket.Milli + 500*elapsed.Seconds() + 1
 	got := float64(admitted.Load() + 3) // the unhurried calls
-	t.Logf("admitted %d (+3 unhurried), denied %d, failed %d (%v), late %d; bound %.0f over %v: %.3f of it; goroutines %d before the load, %d after",
-		admitted.Load(), denied.Load(), failed.Load(), firstErr.Load(), late.Load(), bound, elapsed.Round(time.Millisecond), got/bound, goroutines, peak)
+	// A floor for what the load could have had, whatever the priming
+	// took: the burst, the refill over the load itself and the priming
+	// calls (leases taken while priming let some of its refill in too).
+	reachable := float64(l.Burst)/bucket.Milli + 500*time.Since(loadStart).Seconds() + 3
+	t.Logf("admitted %d (+3 unhurried), denied %d, failed %d (%v), late %d; bound %.0f over %v: %.3f of it, %.3f of the burst and the load's own refill (%.0f); goroutines %d before the load, %d after",
+		admitted.Load(), denied.Load(), failed.Load(), firstErr.Load(), late.Load(), bound, elapsed.Round(time.Millisecond), got/bound, got/reachable, reachable, goroutines, peak)
 	if got > bound {
 		t.Errorf("admitted %.0f, over the bound %.0f", got, bound)
 	}
 	// Each replica ends holding up to its part of two round trips of
-	// refill, unspent, the priming takes a second or so of the bound's
-	// time, and the first round trip's calls find no lease that covers
-	// them: 0.7 is an honest floor on a busy 2-core machine (0.78 to 0.89
-	// measured, with and without the race detector and two busy loops).
-	// Failed: 85 to 100 calls, 0.15 to 0.3%; late: 0 to 17 (the code
-	// before this work failed 4,319 of 4,320).
-	if got < 0.7*bound {
-		t.Errorf("admitted %.0f, under 0.7 of the bound %.0f", got, bound)
+	// refill, unspent, and the first round trip's calls find no lease
+	// that covers them: 0.75 of the burst and the load's own refill is
+	// an honest floor on a busy 2-core machine (0.94 to 1.04 measured,
+	// with and without the race detector and two busy loops; 0.70 to
+	// 0.83 of the bound, whose time includes the priming). Failed: 60 to
+	// 190 calls, 0.1 to 0.6%; late: 0 to 17 (the code before this issue's
+	// work failed 4,319 of 4,320).
+	if got < 0.75*reachable {
+		t.Errorf("admitted %.0f, under 0.75 of the burst and the load's own refill, %.0f", got, reachable)
 	}
 	total := admitted.Load() + denied.Load() + failed.Load()
 	if failed.Load() > total/100 {
