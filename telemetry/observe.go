@@ -55,7 +55,7 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 	contended, err12 := m.Int64ObservableCounter("sluice.dynamodb.contended_denials", metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions denied because their write lost every race on a bucket near its limit: other replicas took its last tokens first."))
 	deadline, err13 := m.Int64ObservableCounter("sluice.dynamodb.deadline_denials", metric.WithUnit("{decision}"),
-		metric.WithDescription("Decisions denied at their deadline while they waited for a write on a bucket that could not lease this replica a round trip of its demand: a table farther than the caller's deadline, at or near the limit."))
+		metric.WithDescription("Decisions denied without the table's answer, their deadline come or nearer than its round trip, while this replica's lease was spent with a grant on the way or could not last a round trip of its demand: a table farther than the caller's deadline, at or near the limit."))
 	for _, err := range []error{err1, err2, err3, err7, err8, err9, err10, err11, err12, err13} {
 		if err != nil {
 			return err

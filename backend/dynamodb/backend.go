@@ -304,8 +304,17 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if b.leases != nil && !req.Refund && req.Hits > 0 && b.beyondReach(ctx) {
 		// No write can be back before this call's deadline: waiting for
 		// one would only answer it late. It is answered now, and the
-		// lease is renewed for the calls after it.
+		// lease is renewed for the calls after it. Where the lease has
+		// been spent and its next grant is on the way, the lease is what
+		// this replica may admit until that grant lands, as a quota
+		// client's assignment is: the call is denied. The failure
+		// policy is for the calls this replica knows too little about
+		// (a key's first call on it, a lease left to expire).
+		outrun := b.leases.outrun(ts, b.now())
 		b.renewNow(ts)
+		if outrun {
+			return b.deadlineDenial(ts, req, level), nil
+		}
 		return b.gaveUp(ts, req, level, fmt.Errorf("bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach))
 	}
 	keys := make([]bucketKey, len(ts))
@@ -414,6 +423,12 @@ func (b *Backend) gaveUp(ts []target, req *backend.Request, level backend.Level,
 	if !b.recentEnough(ts, now) || !b.short(ts, now) {
 		return backend.Decision{}, err
 	}
+	return b.deadlineDenial(ts, req, level), nil
+}
+
+// deadlineDenial denies req, not yet decided by the table, at its
+// deadline, and counts it (Stats.DeadlineDenials).
+func (b *Backend) deadlineDenial(ts []target, req *backend.Request, level backend.Level) backend.Decision {
 	var limits []bucket.Limit
 	for i := range ts {
 		limits = append(limits, ts[i].res.Limits...)
@@ -424,7 +439,7 @@ func (b *Backend) gaveUp(ts []target, req *backend.Request, level backend.Level,
 	}
 	c.deny()
 	b.stats.DeadlineDenials.Add(1)
-	return decision(&c, level), nil
+	return decision(&c, level)
 }
 
 // short reports whether, for some limit of ts, the lease this replica

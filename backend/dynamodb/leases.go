@@ -436,6 +436,26 @@ func unmet(hs []*holding, ts []target, req *backend.Request, now int64) {
 	}
 }
 
+// outrun reports whether the lease on some bucket of ts is live, has
+// been spent down to less than the calls since ask of it, and has a
+// grant on its way: this replica is asked more than its lease, and the
+// next tokens it can give are those of the write in flight.
+func (ls *leases) outrun(ts []target, now int64) bool {
+	for i := range ts {
+		h := ls.get(ts[i].key)
+		if h == nil {
+			continue
+		}
+		h.mu.Lock()
+		out := h.busy && h.dryAt > 0 && now < h.expires && h.matches(&ts[i]) && slices.ContainsFunc(h.granted, func(g int64) bool { return g > 0 })
+		h.mu.Unlock()
+		if out {
+			return true
+		}
+	}
+	return false
+}
+
 // startRenewal marks t's lease busy for a renewal and reports true,
 // unless a renewal or return of it is under way, or it holds tokens
 // under other limits.

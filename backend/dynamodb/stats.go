@@ -27,9 +27,11 @@ type Stats struct {
 	// race on a bucket near its limit: other replicas took its last
 	// tokens first.
 	Contended atomic.Uint64
-	// DeadlineDenials counts decisions denied because their deadline came
-	// while they waited for a write on a bucket that could not lease this
-	// replica a round trip of its demand (leases on; Backend.gaveUp).
+	// DeadlineDenials counts decisions denied without the table's answer
+	// (leases on): their deadline came, or was nearer than the round trip,
+	// while this replica's lease was spent with a grant on the way, or on a
+	// bucket that could not lease it a round trip of its demand
+	// (Backend.deadlineDenial).
 	DeadlineDenials atomic.Uint64
 	// Leased and Returned count the millitokens moved into this replica's
 	// leases and back into buckets; LeaseDropped those lost on the way (a
