@@ -147,7 +147,7 @@ func (a *Admin) GetBucket(ctx context.Context, entity, resource string) (backend
 	if err != nil {
 		return backend.Bucket{}, false, fmt.Errorf("bucket %q/%q: %w", entity, resource, err)
 	}
-	if it == nil || it.expired(a.now()) {
+	if it == nil || it.Expired(a.now()) {
 		return backend.Bucket{}, false, nil
 	}
 	return backend.Bucket{Entity: entity, Resource: resource, Cfg: it.cfg, TTL: it.ttl, Limits: it.limits, States: it.states}, true, nil

@@ -22,7 +22,7 @@ func (a *Admin) AllBuckets(ctx context.Context, fn func(backend.Bucket) error) e
 		}
 		return fn(backend.Bucket{
 			Entity: attrS(av, attrEntity), Resource: attrS(av, attrResource),
-			Cfg: it.cfg, TTL: it.ttl, Limits: it.limits, States: it.states, Expired: it.expired(now),
+			Cfg: it.cfg, TTL: it.ttl, Limits: it.limits, States: it.states, Expired: it.Expired(now),
 		})
 	})
 	if err != nil {

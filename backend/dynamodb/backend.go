@@ -91,20 +91,23 @@ type Backend struct {
 	records *records
 	// rtt is the measured round trip of a bucket write, which times
 	// lease renewals and sizes leases near the limit.
-	rtt   roundTrip
+	rtt   backend.RoundTrip
 	seen  *lru.Cache[bucketKey, seenItem]
 	lanes *lanes
 	stats *Stats
 	// leases is nil when leases are off.
-	leases *leases
+	leases *backend.Leases[bucketKey]
 	// bg is the context of the background work (renewals, returns, the
-	// sweep), cancelled by Close; bgMu guards closed and bgWG's Add.
-	bg       context.Context
-	stopBG   context.CancelFunc
-	bgMu     sync.Mutex
-	closed   bool
-	bgWG     sync.WaitGroup
-	closeErr error
+	// sweep, detached writes), cancelled by Close once the writes in
+	// flight have had closeTimeout to land; stopSweep ends the sweep at
+	// once. bgMu guards closed and bgWG's Add.
+	bg        context.Context
+	stopBG    context.CancelFunc
+	stopSweep context.CancelFunc
+	bgMu      sync.Mutex
+	closed    bool
+	bgWG      sync.WaitGroup
+	closeErr  error
 }
 
 // DefaultLeaseHorizon is how long a lease lasts at steady demand unless
@@ -169,8 +172,10 @@ func New(api API, opts Options) (*Backend, error) {
 	}
 	b.bg, b.stopBG = context.WithCancel(context.Background())
 	if opts.LeaseHorizon > 0 {
-		b.leases = newLeases(lease.Policy{Horizon: opts.LeaseHorizon.Milliseconds(), Share: opts.LeaseShare}, stats)
-		b.goBackground(func() { b.sweep(b.bg) })
+		b.leases = backend.NewLeases(lease.Policy{Horizon: opts.LeaseHorizon.Milliseconds(), Share: opts.LeaseShare}, &stats.LeaseStats, less)
+		var sweep context.Context
+		sweep, b.stopSweep = context.WithCancel(b.bg)
+		b.goBackground(func() { b.sweep(sweep) })
 	}
 	return b, nil
 }
@@ -191,7 +196,8 @@ func (b *Backend) goBackground(fn func()) bool {
 	return true
 }
 
-// closeTimeout bounds how long Close spends returning leases.
+// closeTimeout bounds how long Close waits for the writes in flight, and
+// then how long it spends returning leases.
 const closeTimeout = 5 * time.Second
 
 // LeaseHorizon is the horizon leases are sized for; 0 when leases are off.
@@ -218,11 +224,23 @@ func (b *Backend) Close() error {
 	}
 	b.closed = true
 	b.bgMu.Unlock()
+	if b.stopSweep != nil {
+		b.stopSweep()
+	}
+	// The writes in flight land before anything is cancelled: a write
+	// cancelled once sent may still take its tokens from the table, and
+	// nobody would be left to spend or return them.
+	drained := make(chan struct{})
+	go func() { b.bgWG.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(closeTimeout):
+	}
 	b.stopBG()
-	b.bgWG.Wait()
+	<-drained
 	if b.leases != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		b.returnAll(ctx, b.leases.all())
+		b.returnAll(ctx, b.leases.All())
 		cancel()
 		if left := b.stats.LeaseOutstanding.Load(); left > 0 {
 			b.closeErr = fmt.Errorf("dynamodb backend: %d millitokens of leases could not be returned", left)
@@ -310,7 +328,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		// client's assignment is: the call is denied. The failure
 		// policy is for the calls this replica knows too little about
 		// (a key's first call on it, a lease left to expire).
-		outrun := b.leases.outrun(ts, b.now())
+		outrun := b.leases.Outrun(leasedAll(ts), b.now())
 		b.renewNow(ts)
 		if outrun {
 			return b.deadlineDenial(ts, req, level), nil
@@ -390,7 +408,7 @@ var errBeyondReach = fmt.Errorf("the table's round trip is longer than the time 
 // caller's deadline. Unknown before the first write.
 func (b *Backend) beyondReach(ctx context.Context) bool {
 	d, ok := ctx.Deadline()
-	rtt := b.rtt.ms()
+	rtt := b.rtt.Ms()
 	return ok && rtt > 0 && time.Until(d) < time.Duration(rtt)*time.Millisecond
 }
 
@@ -399,8 +417,8 @@ func (b *Backend) beyondReach(ctx context.Context) bool {
 // still fill the lease, through their demand, for the calls after them.
 func (b *Backend) renewNow(ts []target) {
 	for i := range ts {
-		if t := ts[i]; b.leases.startRenewal(&t) {
-			r := target{key: t.key, res: t.res, fp: t.fp}
+		if lb := ts[i].leased(); b.leases.StartRenewal(&lb) {
+			r := targetOf(lb)
 			b.goBackground(func() { b.background(b.bg, r, renewal) })
 		}
 	}
@@ -448,24 +466,25 @@ func (b *Backend) deadlineDenial(ts []target, req *backend.Request, level backen
 // its limit, or one about to be, as far as a replica that waits a round
 // trip for every answer can tell.
 func (b *Backend) short(ts []target, now int64) bool {
-	rtt := b.rtt.ms()
+	rtt := b.rtt.Ms()
 	if rtt == 0 {
 		return false
 	}
 	for i := range ts {
 		t := &ts[i]
-		if t.item == nil || t.item.cfg != t.fp || t.item.expired(now) {
+		if t.item == nil || t.item.cfg != t.fp || t.item.Expired(now) {
 			continue
 		}
-		asks := b.leases.asks(t, now, rtt)
+		lb := t.leased()
+		asks := b.leases.Asks(&lb, t.view(), now, rtt)
 		for j, l := range t.res.Limits {
-			s, ok := t.item.stateOf(l.Name)
+			s, ok := t.item.StateOf(l.Name)
 			if !ok || asks == nil {
 				continue
 			}
 			a := asks[j]
 			a.Avail = bucket.Refill(l, s, now).Tokens
-			if b.leases.policy.Short(l, a) {
+			if b.leases.Policy().Short(l, a) {
 				return true
 			}
 		}
@@ -538,7 +557,8 @@ func (b *Backend) denyFromSeen(ts []target, req *backend.Request, level backend.
 	}
 	if b.leases != nil {
 		for i := range ts {
-			b.leases.peek(&ts[i])
+			lb := ts[i].leased()
+			ts[i].lease = b.leases.Peek(&lb)
 		}
 	}
 	c := call{req: req}
@@ -576,7 +596,7 @@ func (b *Backend) markShared(ts []target) {
 		// seen shared within two horizons (how long a lease's
 		// bookkeeping is remembered) probably still is.
 		ttl, ok := backend.BucketTTL(ts[i].res, b.opts.TTLMultiplier)
-		ts[i].shared = ok && b.leases.sharedSince(ts[i].key, now-max(ttl, 2*b.leases.horizon()))
+		ts[i].shared = ok && b.leases.SharedSince(ts[i].key, now-max(ttl, 2*b.leases.Horizon()))
 	}
 }
 
@@ -789,7 +809,8 @@ func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
 	}
 	for i := range ts {
 		if !refund && (paying || giving) {
-			b.leases.withdraw(&ts[i])
+			lb := ts[i].leased()
+			ts[i].lease = b.leases.Withdraw(&lb)
 		}
 	}
 	fold = !refund && (paying || giving)
@@ -797,17 +818,28 @@ func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
 }
 
 // unfold settles the leases a batch withdrew and did not write: put back
-// when the write certainly did not happen (sure), dropped otherwise.
+// when the write certainly did not happen (sure), dropped otherwise,
+// with what the write would have granted: a write whose outcome is
+// unknown may have taken it from the bucket, and nobody will spend it.
 func (b *Backend) unfold(ts []target, fold, sure bool) {
-	if !fold {
+	if b.leases == nil {
 		return
 	}
 	for i := range ts {
-		if sure {
-			b.leases.restore(&ts[i])
-		} else {
-			b.leases.drop(&ts[i])
+		if !sure {
+			b.leases.Drop(ts[i].grant)
 		}
+		ts[i].grant = nil
+		if !fold {
+			continue
+		}
+		if sure {
+			lb := ts[i].leased()
+			b.leases.Restore(&lb, ts[i].lease)
+		} else {
+			b.leases.Drop(ts[i].lease)
+		}
+		ts[i].lease = nil
 	}
 }
 
@@ -824,7 +856,8 @@ func (b *Backend) settle(ts []target, now int64, mayGrant bool) bool {
 		t := &ts[i]
 		var asks []lease.Ask
 		if mayGrant {
-			asks = b.leases.asks(t, now, b.rtt.ms())
+			lb := t.leased()
+			asks = b.leases.Asks(&lb, t.view(), now, b.rtt.Ms())
 		}
 		t.grant = nil
 		for j, l := range t.res.Limits {
@@ -832,7 +865,7 @@ func (b *Backend) settle(ts []target, now int64, mayGrant bool) bool {
 			if asks != nil {
 				a := asks[j]
 				a.Avail = s.Tokens
-				if g := b.leases.policy.Size(l, a); g > 0 {
+				if g := b.leases.Policy().Size(l, a); g > 0 {
 					if t.grant == nil {
 						t.grant = make([]int64, len(t.res.Limits))
 					}
@@ -873,7 +906,7 @@ func nearLimit(ts []target, now int64) bool {
 			continue
 		}
 		for _, l := range ts[i].res.Limits {
-			if s, ok := ts[i].item.stateOf(l.Name); ok && bucket.Refill(l, s, now).Tokens < l.Burst/10 {
+			if s, ok := ts[i].item.StateOf(l.Name); ok && bucket.Refill(l, s, now).Tokens < l.Burst/10 {
 				return true
 			}
 		}
@@ -914,7 +947,7 @@ func (b *Backend) written(ts []target, calls []*call, now int64, wrote bool) {
 			if !wrote || ts[i].item == nil {
 				break // no newer state of the table to report from
 			}
-			s, ok := ts[i].item.stateOf(l.Name)
+			s, ok := ts[i].item.StateOf(l.Name)
 			if !ok {
 				continue
 			}
@@ -958,7 +991,8 @@ func (b *Backend) unclaimed(ts []target, c *call) {
 		for j := range n {
 			costs[j] = c.results[off+j].Cost
 		}
-		b.leases.add(&ts[i], costs, b.now())
+		lb := ts[i].leased()
+		b.leases.Add(&lb, costs, b.now())
 		off += n
 	}
 }
@@ -977,7 +1011,12 @@ func (b *Backend) leaseWritten(ts []target, now int64, wrote bool) {
 				b.stats.Returned.Add(uint64(back))
 			}
 		}
-		b.leases.credit(t, now)
+		var written []bucket.State
+		if !t.refund {
+			written = t.states
+		}
+		lb := t.leased()
+		b.leases.Credit(&lb, t.grant, t.view(), written, now)
 		t.lease = nil
 	}
 	if wrote && leaseWrite {
@@ -1040,7 +1079,7 @@ func (t *target) plan(now int64) {
 	limits := t.res.Limits
 	t.base = make([]bucket.State, len(limits))
 	switch {
-	case it == nil || (it.expired(now) && (t.fresh || !t.shared)):
+	case it == nil || (it.Expired(now) && (t.fresh || !t.shared)):
 		// Gone, as the table just said or as far as this replica can
 		// tell. A stale copy of a shared item falls through: the write's
 		// condition (not expired) finds out, and a lost race returns
@@ -1055,7 +1094,7 @@ func (t *target) plan(now int64) {
 	default:
 		t.mode = incremental
 		for i, l := range limits {
-			s, ok := it.stateOf(l.Name)
+			s, ok := it.StateOf(l.Name)
 			if !ok {
 				// Same fingerprint, missing attribute: a damaged item;
 				// rebuild it rather than fail forever (pitfall 3).

@@ -48,14 +48,17 @@ type bucketItem struct {
 	states []bucket.State
 }
 
-// expired reports whether the item's ttl has passed: DynamoDB deletes such
+// Expired reports whether the item's ttl has passed: DynamoDB deletes such
 // items lazily, and until then they must count as absent (pitfall 9).
-func (it *bucketItem) expired(nowMs int64) bool {
+func (it *bucketItem) Expired(nowMs int64) bool {
 	return it.ttl != 0 && it.ttl*1000 <= nowMs
 }
 
-// stateOf returns the state of the limit called name.
-func (it *bucketItem) stateOf(name string) (bucket.State, bool) {
+// Config is the fingerprint of the limits the item was written under.
+func (it *bucketItem) Config() string { return it.cfg }
+
+// StateOf returns the state of the limit called name.
+func (it *bucketItem) StateOf(name string) (bucket.State, bool) {
 	for i, l := range it.limits {
 		if l.Name == name {
 			return it.states[i], true

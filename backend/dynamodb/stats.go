@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sluice-rl/sluice/backend"
 )
 
 // Stats are the running totals of a Backend, for metrics and benchmarks:
@@ -27,22 +29,13 @@ type Stats struct {
 	// race on a bucket near its limit: other replicas took its last
 	// tokens first.
 	Contended atomic.Uint64
-	// DeadlineDenials counts decisions denied without the table's answer
-	// (leases on): their deadline came, or was nearer than the round trip,
-	// while this replica's lease was spent with a grant on the way, or on a
-	// bucket that could not lease it a round trip of its demand
+	// LeaseStats are the leases' totals (leases on): moved in and out,
+	// dropped, held now, the writes that moved them, and the decisions
+	// denied at their deadline without the table's answer
 	// (Backend.deadlineDenial).
-	DeadlineDenials atomic.Uint64
-	// Leased and Returned count the millitokens moved into this replica's
-	// leases and back into buckets; LeaseDropped those lost on the way (a
-	// write whose outcome is unknown, a limit removed); LeaseOutstanding
-	// is what the leases hold now. LeaseWrites counts the writes that
-	// granted or gave back lease tokens.
-	Leased, Returned, LeaseDropped atomic.Uint64
-	LeaseOutstanding               atomic.Int64
-	LeaseWrites                    atomic.Uint64
-	ReadMilliUnits                 atomic.Uint64
-	WriteMilliUnits                atomic.Uint64
+	backend.LeaseStats
+	ReadMilliUnits  atomic.Uint64
+	WriteMilliUnits atomic.Uint64
 
 	mu     sync.Mutex
 	calls  map[string]uint64

@@ -222,7 +222,7 @@ func notExpired(e *expr, nowSec int64) {
 func (b *Backend) writeOne(ctx context.Context, t *target, o op) error {
 	var err error
 	start := time.Now()
-	defer func() { b.rtt.observe(time.Since(start), err) }()
+	defer func() { observeWrite(&b.rtt, time.Since(start), err) }()
 	if o.put != nil {
 		var out *dynamodb.PutItemOutput
 		out, err = b.api.PutItem(ctx, &dynamodb.PutItemInput{
@@ -298,7 +298,7 @@ func (b *Backend) writeTx(ctx context.Context, ts []target, ops []op) error {
 	out, err := b.api.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{
 		TransactItems: items, ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
 	})
-	b.rtt.observe(time.Since(start), err)
+	observeWrite(&b.rtt, time.Since(start), err)
 	b.stats.call("TransactWriteItems", err)
 	if err == nil {
 		b.stats.consumedWrite(each(out.ConsumedCapacity)...)

@@ -1,0 +1,180 @@
+package backend
+
+import (
+	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/lease"
+)
+
+// quickTau is the memory (ms) of holding.quick.
+const quickTau = 1000
+
+// unmetWindow is the shortest time (ms) holding.unmet is read over as a
+// rate: calls arriving within a few ms of each other are a storm's
+// pace, a single call is not.
+const unmetWindow = 10
+
+// Asks returns what each of b's limits' next grant is sized from at now
+// (all but what the bucket holds): this replica's demand as it arrives,
+// the greater of the horizon's and what it was asked over the last
+// second (quick, read over at least a round trip of rtt ms), so that a
+// spike is met at its pace; the fleet's, after reading the consumed
+// totals of view (the bucket as the decision in hand sees it; nil:
+// unknown); what the lease holds; and the last grant when it went faster
+// than planned. nil: grant nothing.
+func (ls *Leases[K]) Asks(b *LeaseBucket[K], view BucketView, now, rtt int64) []lease.Ask {
+	h := ls.getOrAdd(b.Key)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.matches(b.Res, b.FP) {
+		if h.held() > 0 {
+			// Tokens under other limits wait for a decision that folds
+			// them; meanwhile this one grants nothing.
+			return nil
+		}
+		h.align(b.Res, b.FP)
+	}
+	tau, window := ls.Horizon(), ls.policy.WindowMs()
+	fast := h.grantedAt > 0 && now-h.grantedAt < tau/2
+	asks := make([]lease.Ask, len(h.own))
+	for i, l := range b.Res.Limits {
+		if view != nil && view.Config() == b.FP {
+			if s, ok := view.StateOf(l.Name); ok {
+				h.fleet[i].Observe(s.Consumed, now, tau)
+			}
+		}
+		own := max(h.own[i].Arriving(now, tau, window), h.quick[i].Arriving(now, quickTau, max(rtt, 10)))
+		if h.dryAt > 0 {
+			own = max(own, float64(h.unmet[i])/float64(max(now-h.dryAt, unmetWindow)))
+		}
+		asks[i] = lease.Ask{Own: own, Fleet: h.fleet[i].Arriving(now, tau, window), Held: h.tokens[i], RTT: rtt}
+		if fast {
+			asks[i].Grow = h.granted[i]
+		}
+	}
+	return asks
+}
+
+// Spend pays a call of hits from this replica's leases on every bucket of
+// bs, when each holds what the call costs under the limits it resolved
+// to now and has not expired: no call to the store, no wait. It returns
+// each limit's result, bs's limits one after the other, and reports
+// whether the leases paid. A result's tokens are the bucket as this
+// replica's last write left it, refilled to now, plus what the lease
+// holds after paying (at most the burst less the cost): exact with one
+// replica, an estimate with several, whose writes it has not seen.
+// renew lists the buckets whose lease is left at half its last grant or
+// less, or would not last three round trips of rtt ms: marked busy, for
+// the caller to renew in the background.
+//
+// A call arriving (not one handed back from a batch) counts as this
+// replica's demand whether the lease pays it or not: demand is what is
+// asked, so that a replica whose lease runs dry at the limit still sees
+// how much more it is asked than it gets. bs holds one bucket, or two
+// (a cascade), locked in the order of NewLeases' less.
+func (ls *Leases[K]) Spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, arriving bool) (results []bucket.Result, renew []LeaseBucket[K], paid bool) {
+	tau, window := ls.Horizon(), ls.policy.WindowMs()
+	var hs [2]*holding
+	for i := range bs {
+		if arriving {
+			hs[i] = ls.getOrAdd(bs[i].Key)
+		} else if hs[i] = ls.get(bs[i].Key); hs[i] == nil {
+			return nil, nil, false
+		}
+	}
+	order := []int{0}
+	if len(bs) == 2 {
+		order = []int{0, 1}
+		if ls.less(bs[1].Key, bs[0].Key) {
+			order = []int{1, 0}
+		}
+	}
+	for _, i := range order {
+		hs[i].mu.Lock()
+	}
+	defer func() {
+		for _, i := range order {
+			hs[i].mu.Unlock()
+		}
+	}()
+	if arriving {
+		for i := range bs {
+			h := hs[i]
+			if !h.matches(bs[i].Res, bs[i].FP) {
+				if h.held() > 0 {
+					continue // tokens under other limits: wait for a fold
+				}
+				h.align(bs[i].Res, bs[i].FP)
+			}
+			for j, l := range bs[i].Res.Limits {
+				c := bucket.Cost(l, hits)
+				h.own[j].Add(c, now, tau)
+				h.quick[j].Add(c, now, quickTau)
+			}
+			h.used = max(h.used, now)
+		}
+	}
+	for i := range bs {
+		h := hs[i]
+		ok := h.matches(bs[i].Res, bs[i].FP) && now < h.expires
+		for j, l := range bs[i].Res.Limits {
+			ok = ok && h.tokens[j] >= bucket.Cost(l, hits)
+		}
+		if !ok {
+			if arriving {
+				unmet(hs[:len(bs)], bs, hits, now)
+			}
+			return nil, nil, false
+		}
+	}
+	for i := range bs {
+		h, b := hs[i], &bs[i]
+		var spent int64
+		for j, l := range b.Res.Limits {
+			c := bucket.Cost(l, hits)
+			h.tokens[j] -= c
+			spent += c
+			view := bucket.State{Clock: now}
+			if v := h.view; v != nil && !v.Expired(now) && v.Config() == b.FP {
+				if s, ok := v.StateOf(l.Name); ok {
+					view = bucket.Refill(l, s, now)
+				}
+			}
+			// At most the burst less this cost, as one bucket would
+			// hold after paying it: a bucket that refilled to full while
+			// the lease was out holds the burst, and the lease's tokens
+			// come on top of it only until they are spent.
+			view.Tokens = min(view.Tokens+h.tokens[j], l.Burst-c)
+			results = append(results, bucket.Result{Cost: c, Tokens: view.Tokens, Allowed: true,
+				Wait: bucket.Wait(l, view, l.Burst, now)})
+		}
+		h.used = now
+		ls.stats.LeaseOutstanding.Add(-spent)
+		if h.busy {
+			continue
+		}
+		for j := range h.tokens {
+			if lease.Renew(h.tokens[j], h.granted[j], h.own[j].Arriving(now, tau, window), rtt) {
+				h.busy = true
+				renew = append(renew, LeaseBucket[K]{Key: b.Key, Res: b.Res, FP: b.FP})
+				break
+			}
+		}
+	}
+	return results, renew, true
+}
+
+// unmet records what a call of hits asks of the leases hs (locked, lined
+// up with bs) that could not pay it all.
+func unmet[K comparable](hs []*holding, bs []LeaseBucket[K], hits uint64, now int64) {
+	for i, h := range hs {
+		if !h.matches(bs[i].Res, bs[i].FP) {
+			continue
+		}
+		if h.dryAt == 0 {
+			h.dryAt = now
+		}
+		for j, l := range bs[i].Res.Limits {
+			h.unmet[j] += bucket.Cost(l, hits)
+		}
+	}
+}
