@@ -178,3 +178,79 @@ func unmet[K comparable](hs []*holding, bs []LeaseBucket[K], hits uint64, now in
 		}
 	}
 }
+
+// seen returns the bucket view b's lease last recorded, nil if none or
+// not under b's limits, or expired at now.
+func (ls *Leases[K]) seen(b *LeaseBucket[K], now int64) BucketView {
+	h := ls.get(b.Key)
+	if h == nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if v := h.view; v != nil && v.Config() == b.FP && !v.Expired(now) {
+		return v
+	}
+	return nil
+}
+
+// Wants returns the grant a write on b that pays costs (per limit of b)
+// should ask for each limit, sized by the policy from the bucket as this
+// replica last saw it, refilled to now, less the costs; the whole burst
+// when it has not seen it (the store grants no more than it holds). It
+// is for a store that decides and grants in one atomic step, such as a
+// script, where the bucket's state is known only to the store.
+func (ls *Leases[K]) Wants(b *LeaseBucket[K], costs []int64, now, rtt int64) []int64 {
+	view := ls.seen(b, now)
+	asks := ls.Asks(b, view, now, rtt)
+	if asks == nil {
+		return nil
+	}
+	out := make([]int64, len(asks))
+	for j, l := range b.Res.Limits {
+		a := asks[j]
+		a.Avail = l.Burst
+		if view != nil {
+			if s, ok := view.StateOf(l.Name); ok {
+				a.Avail = bucket.Refill(l, s, now).Tokens
+			}
+		}
+		if j < len(costs) {
+			a.Avail -= costs[j]
+		}
+		out[j] = ls.policy.Size(l, a)
+	}
+	return out
+}
+
+// Short reports whether, for some limit of bs, the lease this replica
+// could get from the bucket as it last saw it (refilled to now) would
+// last less than a round trip of rtt ms at its demand
+// (lease.Policy.Short): a bucket at or near its limit, as far as a
+// replica that waits a round trip for every answer can tell. False for a
+// bucket it has not seen, or with no round trip known.
+func (ls *Leases[K]) Short(bs []LeaseBucket[K], now, rtt int64) bool {
+	if rtt <= 0 {
+		return false
+	}
+	for i := range bs {
+		b := &bs[i]
+		view := ls.seen(b, now)
+		if view == nil {
+			continue
+		}
+		asks := ls.Asks(b, view, now, rtt)
+		for j, l := range b.Res.Limits {
+			s, ok := view.StateOf(l.Name)
+			if !ok || asks == nil {
+				continue
+			}
+			a := asks[j]
+			a.Avail = bucket.Refill(l, s, now).Tokens
+			if ls.policy.Short(l, a) {
+				return true
+			}
+		}
+	}
+	return false
+}

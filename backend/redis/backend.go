@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/lease"
 	"github.com/sluice-rl/sluice/backend/recordcache"
 )
 
@@ -49,6 +51,13 @@ type Options struct {
 	// they can be timed and traced; it must call fn with a context
 	// derived from ctx and return its error.
 	Call func(ctx context.Context, op string, fn func(context.Context) error) error
+	// LeaseHorizon is how long a lease of tokens this replica moves out
+	// of a bucket should last at its own recent demand; 0 or less: no
+	// leases, every decision runs the script. See leases.go.
+	LeaseHorizon time.Duration
+	// LeaseShare is the part of a limit's burst the fleet's leases may
+	// hold together (lease.DefaultShare).
+	LeaseShare float64
 }
 
 // round runs one Redis round trip through Options.Call.
@@ -73,6 +82,13 @@ type Stats struct {
 	// CacheHits and CacheMisses count config-record lookups answered
 	// from the cache and those that waited for a read.
 	CacheHits, CacheMisses atomic.Uint64
+	// LocalAnswers counts decisions paid from a lease, with no round
+	// trip of their own (leases on).
+	LocalAnswers atomic.Uint64
+	// LeaseStats are the leases' totals (leases on): moved in and out,
+	// dropped, held now, the runs that moved them, and the decisions
+	// denied at their deadline without Redis's answer.
+	backend.LeaseStats
 }
 
 // Backend keeps token buckets in Redis. It is safe for concurrent use.
@@ -89,6 +105,20 @@ type Backend struct {
 	// cluster: the client is a Redis Cluster's, whose scripts may only
 	// touch keys of one slot.
 	cluster bool
+	// leases is nil when leases are off; rtt is the measured round trip
+	// of a run of the script.
+	leases *backend.Leases[string]
+	rtt    backend.RoundTrip
+	// bg is the context of the background work (lease calls whose
+	// callers may have gone, renewals, returns, the sweep), cancelled by
+	// Close once the runs in flight have had closeTimeout to land;
+	// stopSweep ends the sweep at once. bgMu guards closed and bgWG's Add.
+	bg        context.Context
+	stopBG    context.CancelFunc
+	stopSweep context.CancelFunc
+	bgMu      sync.Mutex
+	closed    bool
+	bgWG      sync.WaitGroup
 }
 
 // New returns a Backend on client. It does not call Redis; see Ping.
@@ -122,6 +152,14 @@ func New(client rueidis.Client, opts Options) (*Backend, error) {
 	if opts.MaxBatch > 1 {
 		b.batches = newBatcher(opts.MaxBatch, b.script1)
 	}
+	b.bg, b.stopBG = context.WithCancel(context.Background())
+	if opts.LeaseHorizon > 0 {
+		b.leases = backend.NewLeases(lease.Policy{Horizon: opts.LeaseHorizon.Milliseconds(), Share: opts.LeaseShare},
+			&stats.LeaseStats, func(x, y string) bool { return x < y })
+		var sweep context.Context
+		sweep, b.stopSweep = context.WithCancel(b.bg)
+		b.goBackground(func() { b.sweep(sweep) })
+	}
 	return b, nil
 }
 
@@ -131,10 +169,29 @@ func (b *Backend) Stats() *Stats { return b.stats }
 // ConfigCacheLen is how many buckets' config records the cache holds.
 func (b *Backend) ConfigCacheLen() int { return b.records.cache.Len() }
 
-// Close ends the config reads in flight. It does not close the client.
+// LeaseHorizon is the horizon leases are sized for; 0 when leases are off.
+func (b *Backend) LeaseHorizon() time.Duration {
+	if b.leases == nil {
+		return 0
+	}
+	return b.opts.LeaseHorizon
+}
+
+// Close gives every lease back to its bucket (after the runs in flight
+// land, within 5 s each way: what it cannot return is lost to the bucket
+// until it refills, as in a crash) and ends the config reads and the
+// work in the background. It does not close the client, which must stay
+// open until Close returns; the Backend must not be used after it.
 func (b *Backend) Close() error {
+	b.bgMu.Lock()
+	closed := b.closed
+	b.bgMu.Unlock()
+	if closed {
+		return nil
+	}
+	err := b.closeLeases()
 	b.records.close()
-	return nil
+	return err
 }
 
 // Ping reports whether Redis answers.
@@ -225,12 +282,21 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if len(bs) > 1 {
 		limits = slices.Concat(bs[0].limits, bs[1].limits)
 	}
+	if b.leases != nil {
+		d, err := b.leasedDecide(ctx, req, res, bs, limits, level)
+		if err == nil && b.opts.OnBucketWrite != nil && d.Allowed && (req.Hits > 0 || req.Refund) {
+			for _, r := range res {
+				b.opts.OnBucketWrite(backend.TTLDuration(backend.BucketTTL(r, b.opts.TTLMultiplier)))
+			}
+		}
+		return d, err
+	}
 	p.buckets = bs
 	p.call = scriptCall{refund: req.Refund, costs: costs(req, limits, p.costBuf[:0])}
 	if err := b.run(ctx, p); err != nil {
 		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
 	}
-	results, err := resultsOf(req, limits, p.call.costs, p.after, p.allowed, p.now)
+	results, err := resultsOf(req, limits, p.call.costs, nil, p.after, p.allowed, p.now)
 	if err != nil {
 		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
 	}
@@ -297,6 +363,9 @@ func (b *Backend) script1(batch []*pending) {
 			r := rs[at[i].group]
 			if p.err = r.err; p.err == nil {
 				p.allowed, p.after = r.allowed[at[i].call], r.after[at[i].call]
+				if r.granted != nil {
+					p.granted = r.granted[at[i].call]
+				}
 			}
 		}
 		if p.follower {
@@ -391,11 +460,12 @@ var errDisagree = errors.New("the decision script and backend/bucket disagree")
 
 // resultsOf is the Results backend/bucket gives for req on the states the
 // script left. A decision's states before the charge are those after it
-// plus the costs when it was allowed (the same states when denied), so
+// plus the costs when it was allowed (the same states when denied) and
+// what a lease call's grant took after it (granted, nil for none), so
 // bucket.Decide is run again on them here: the answers are its own, and
 // it must agree with the script on the outcome. A refund's results are
 // its states after.
-func resultsOf(req *backend.Request, limits []bucket.Limit, costs []int64, after []bucket.State, allowed bool, now int64) ([]bucket.Result, error) {
+func resultsOf(req *backend.Request, limits []bucket.Limit, costs, granted []int64, after []bucket.State, allowed bool, now int64) ([]bucket.Result, error) {
 	results := make([]bucket.Result, len(limits))
 	if req.Refund {
 		for i, l := range limits {
@@ -409,6 +479,9 @@ func resultsOf(req *backend.Request, limits []bucket.Limit, costs []int64, after
 		before[i] = bucket.State{Tokens: after[i].Tokens, Clock: after[i].Clock}
 		if allowed {
 			before[i].Tokens += costs[i]
+		}
+		if i < len(granted) {
+			before[i].Tokens += granted[i]
 		}
 	}
 	if bucket.Decide(limits, before, req.Hits, now, results) != allowed {

@@ -63,6 +63,7 @@ type pending struct {
 	now     int64
 	allowed bool
 	after   []bucket.State
+	granted []int64 // a lease call's grant, per limit
 	err     error
 }
 

@@ -39,15 +39,21 @@
 -- its limits), n, and n times: name, amount, period, burst; the number of
 -- groups, and per group: the number of its keys, per key its layout (an
 -- index) and ttl (ms; 0 keeps the bucket forever); then the number of its
--- calls, and per call mode ("d" decide, "r" refund) and per key and limit
--- its cost (for a refund, what it gives back). Every amount in
--- millitokens, every time in milliseconds. KEYS: every group's keys, in
--- order.
+-- calls, and per call mode ("d" decide, "r" refund, "l" decide for a
+-- replica with leases) and per key and limit its cost (for a refund, what
+-- it gives back); a lease call then has, per key and limit, what its
+-- lease gives back before the decision, and then the grant it asks for
+-- after it. Every amount in millitokens, every time in milliseconds.
+-- KEYS: every group's keys, in order.
 --
 -- Reply, per group: "ok", then per call allowed (1 or 0) and per key and
--- limit the tokens and clock after it, as integers; or, when a key
--- of the group holds something other than a hash, Redis's error, and the
--- group changes nothing (the other groups go on).
+-- limit the tokens and clock after it, as integers, and for a lease call
+-- then per key and limit the grant it took and the consumed total after
+-- it; or, when a key of the group holds something other than a hash,
+-- Redis's error, and the group changes nothing (the other groups go on).
+-- A lease's grant leaves the bucket like an admission: it counts in the
+-- consumed total when it is taken, and what comes back adds to the
+-- tokens, never to that total.
 
 local rcall, rpcall = redis.call, redis.pcall
 local ARGV, KEYS = ARGV, KEYS
@@ -103,8 +109,43 @@ local reply, nr = {}, 0
 -- Per group, reused: the buckets' keys, layouts, ttls, first limits and
 -- staleness; per limit its layout entry, state and what calls spent.
 local bkey, blay, bttl, bfirst, bstale = {}, {}, {}, {}, {}
-local lims, tks, rfs, tcs, spent, costs = {}, {}, {}, {}, {}, {}
+local lims, tks, rfs, tcs, spent, costs, grants = {}, {}, {}, {}, {}, {}, {}
 local set = {}
+
+-- take moves amount out of limit j's bucket (of the group in hand),
+-- counted as consumed.
+local function take(j, amount)
+  tks[j] = tks[j] - amount
+  local cj = costs[j]
+  if cj then
+    cj[#cj + 1] = amount
+  elseif spent[j] + amount < exact then
+    spent[j] = spent[j] + amount
+  else
+    costs[j] = {spent[j], amount}
+  end
+end
+
+-- give puts amount back into limit j's bucket, never above its burst.
+local function give(j, amount, now)
+  local burst = lims[j].burst
+  local tk = tks[j] + amount
+  if tk >= burst then tk, rfs[j] = burst, now end
+  tks[j] = tk
+end
+
+-- consumedNow is limit j's consumed total with what the group took so
+-- far (approximate past 2^53, for a rate).
+local function consumedNow(j)
+  local tc = num(tcs[j] and match(tcs[j], '^%d+$') or 0)
+  if costs[j] then
+    for _, c in ipairs(costs[j]) do tc = tc + c end
+  else
+    tc = tc + spent[j]
+  end
+  if tc >= exact then tc = exact - 1 end
+  return tc
+end
 
 -- group decides one group's calls, from ARGV[at] and KEYS[key] on, into
 -- reply, and returns where the next group starts.
@@ -121,7 +162,14 @@ local function group(now, layouts, at, key)
   at = at + 1 + 2 * nb
   local ncalls = num(ARGV[at])
   local calls = at + 1
-  local nextGroup = calls + ncalls * (1 + n)
+  local nextGroup = calls
+  for _ = 1, ncalls do
+    if ARGV[nextGroup] == 'l' then
+      nextGroup = nextGroup + 1 + 3 * n
+    else
+      nextGroup = nextGroup + 1 + n
+    end
+  end
 
   -- Read and bring every limit to now: bucket.Reconcile (a kept limit
   -- refilled at its stored rate; a new one full), then bucket.Refill at
@@ -173,43 +221,57 @@ local function group(now, layouts, at, key)
   for j = 1, n do spent[j] = 0; costs[j] = false end
   at = calls
   for _ = 1, ncalls do
-    local allowed = true
-    if ARGV[at] == 'r' then
+    local allowed, mode = true, ARGV[at]
+    if mode == 'r' then
       write = true
-      for j = 1, n do
-        local burst = lims[j].burst
-        local tk = tks[j] + num(ARGV[at + j])
-        if tk >= burst then tk, rfs[j] = burst, now end
-        tks[j] = tk
-      end
+      for j = 1, n do give(j, num(ARGV[at + j]), now) end
     else
+      if mode == 'l' then
+        -- A lease call: what the replica's lease gives back goes in
+        -- first (the decision may spend it), then the cost is decided,
+        -- then the grant, in whole tokens, from what the bucket holds.
+        for j = 1, n do
+          local back = num(ARGV[at + n + j])
+          if back > 0 then write = true; give(j, back, now) end
+        end
+      end
       for j = 1, n do
         if tks[j] < num(ARGV[at + j]) then allowed = false; break end
       end
       if allowed then
         for j = 1, n do
           local cost = num(ARGV[at + j])
-          if cost > 0 then
-            write = true
-            tks[j] = tks[j] - cost
-            local cj = costs[j]
-            if cj then
-              cj[#cj + 1] = cost
-            elseif spent[j] + cost < exact then
-              spent[j] = spent[j] + cost
-            else
-              costs[j] = {spent[j], cost}
-            end
+          if cost > 0 then write = true; take(j, cost) end
+        end
+      end
+      if mode == 'l' then
+        for j = 1, n do
+          local g, want = 0, num(ARGV[at + 2 * n + j])
+          if allowed and want > 0 and tks[j] >= 1000 then
+            g = tks[j] - fmod(tks[j], 1000)
+            if want < g then g = want end
+            write = true; take(j, g)
           end
+          grants[j] = g
         end
       end
     end
-    at = at + 1 + n
     -- Numbers: Redis answers them as integers, exact below 2^53.
     nr = nr + 1; reply[nr] = allowed and 1 or 0
     for j = 1, n do
       reply[nr + 1] = tks[j]; reply[nr + 2] = rfs[j]
       nr = nr + 2
+    end
+    if mode == 'l' then
+      -- Then per limit the grant and the consumed total after it (for
+      -- the fleet's demand; approximate past 2^53).
+      for j = 1, n do
+        reply[nr + 1] = grants[j]; reply[nr + 2] = consumedNow(j)
+        nr = nr + 2
+      end
+      at = at + 1 + 3 * n
+    else
+      at = at + 1 + n
     end
   end
   if not write then

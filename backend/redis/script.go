@@ -29,10 +29,15 @@ type scriptBucket struct {
 
 // scriptCall is one call of a batch: a decision or a refund, and what it
 // costs each limit of every bucket, in order (for a refund, what it gives
-// back).
+// back). A decision of a replica with leases is a lease call: per limit,
+// back is what its lease gives back to the bucket first and want the
+// grant it asks for after (both nil otherwise).
 type scriptCall struct {
 	refund bool
+	lease  bool
 	costs  []int64
+	back   []int64
+	want   []int64
 }
 
 // scriptGroup is the calls of a run on one set of buckets under one set
@@ -53,12 +58,15 @@ func (g scriptGroup) limits() int {
 }
 
 // groupReply is what a run did to one group: per call, whether it was
-// allowed and each limit's state after it (tokens and clock); or err,
-// when Redis refused the group's keys and the group changed nothing.
+// allowed and each limit's state after it (tokens and clock; for a lease
+// call, the consumed total too) and, for a lease call, the grant it took
+// per limit; or err, when Redis refused the group's keys and the group
+// changed nothing.
 type groupReply struct {
 	err     error
 	allowed []bool
 	after   [][]bucket.State
+	granted [][]int64
 }
 
 // scriptArgs lays out the keys and arguments of one run of decideLua:
@@ -79,7 +87,7 @@ func scriptArgs(now int64, groups []scriptGroup) (keys, argv []string) {
 	nkeys, nargs := 0, 3
 	for _, g := range groups {
 		nkeys += len(g.buckets)
-		nargs += 2 + 2*len(g.buckets) + len(g.calls)*(1+g.limits())
+		nargs += 2 + 2*len(g.buckets) + len(g.calls)*(1+3*g.limits())
 		for _, b := range g.buckets {
 			layoutOf(b)
 		}
@@ -111,17 +119,36 @@ func scriptArgs(now int64, groups []scriptGroup) (keys, argv []string) {
 		}
 		a.int(int64(len(g.calls)))
 		for _, c := range g.calls {
-			if c.refund {
+			switch {
+			case c.refund:
 				a.str("r")
-			} else {
+			case c.lease:
+				a.str("l")
+			default:
 				a.str("d")
 			}
 			for _, cost := range c.costs {
 				a.int(cost)
 			}
+			if c.lease && !c.refund {
+				for i := range c.costs {
+					a.int(at(c.back, i))
+				}
+				for i := range c.costs {
+					a.int(at(c.want, i))
+				}
+			}
 		}
 	}
 	return keys, a.done()
+}
+
+// at is v[i], or 0 past v's end (nil: nothing).
+func at(v []int64, i int) int64 {
+	if i < len(v) {
+		return v[i]
+	}
+	return 0
 }
 
 // args builds a script's arguments, writing every number into one buffer
@@ -192,7 +219,13 @@ func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupRepl
 			out[gi].err = fmt.Errorf("redis: %s", status)
 			continue
 		}
-		if len(reply)-at < nc*(1+2*nlimits) {
+		need := nc * (1 + 2*nlimits)
+		for _, c := range g.calls {
+			if c.lease && !c.refund {
+				need += 2 * nlimits
+			}
+		}
+		if len(reply)-at < need {
 			return nil, short()
 		}
 		var bad error
@@ -215,6 +248,16 @@ func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupRepl
 			r.after[c], states = states[:nlimits:nlimits], states[nlimits:]
 			for i := range nlimits {
 				r.after[c][i] = bucket.State{Tokens: next(), Clock: next()}
+			}
+			if g.calls[c].lease && !g.calls[c].refund {
+				if r.granted == nil {
+					r.granted = make([][]int64, nc)
+				}
+				r.granted[c] = make([]int64, nlimits)
+				for i := range nlimits {
+					r.granted[c][i] = next()
+					r.after[c][i].Consumed = next()
+				}
 			}
 		}
 		if bad != nil {

@@ -1,0 +1,398 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+// With leases (Options.LeaseHorizon), a replica spends tokens it has
+// moved out of a Redis bucket from its own memory (backend.Leases, as
+// the DynamoDB backend does): the decision script takes a lease's grant
+// in the same atomic run that decides a call (a lease call, decide.lua),
+// and takes back what a lease returns, so no token is admitted that has
+// not left the shared bucket. A call its lease pays costs no round trip;
+// a replica far from its Redis decides locally.
+
+// backgroundTimeout bounds a lease call's run once its callers may have
+// stopped waiting, a renewal's and a return's.
+const backgroundTimeout = 5 * time.Second
+
+// closeTimeout bounds how long Close waits for the runs in flight, and
+// then how long it spends returning leases.
+const closeTimeout = 5 * time.Second
+
+// errBeyondReach answers a call whose deadline is nearer than Redis's
+// measured round trip: as a deadline, for the failure policy.
+var errBeyondReach = fmt.Errorf("redis's round trip is longer than the time left to the deadline: %w", context.DeadlineExceeded)
+
+// errClosed answers the calls that come after Close.
+var errClosed = errors.New("redis backend closed")
+
+// view is a bucket as a lease call's run left it, for backend.Leases.
+type view struct {
+	cfg     string
+	limits  []bucket.Limit
+	states  []bucket.State
+	expires int64 // ms; 0: never
+}
+
+func (v *view) StateOf(name string) (bucket.State, bool) {
+	for i, l := range v.limits {
+		if l.Name == name {
+			return v.states[i], true
+		}
+	}
+	return bucket.State{}, false
+}
+
+func (v *view) Expired(now int64) bool { return v.expires != 0 && v.expires <= now }
+
+func (v *view) Config() string { return v.cfg }
+
+// leasedDecide decides req on buckets bs (their limits resolved as res)
+// with this replica's leases: from a lease when it can pay; denied at
+// once when Redis is farther than the deadline and the lease is spent
+// or short; else in a lease call whose run outlives the caller.
+func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []backend.Resolved, bs []scriptBucket, limits []bucket.Limit, level backend.Level) (backend.Decision, error) {
+	lbs := make([]backend.LeaseBucket[string], len(bs))
+	for i := range bs {
+		lbs[i] = backend.LeaseBucket[string]{Key: bs[i].key, Res: res[i], FP: bs[i].cfg}
+	}
+	now, rtt := b.opts.Now(), b.rtt.Ms()
+	paying := !req.Refund && req.Hits > 0
+	if !req.Refund {
+		if results, renew, paid := b.leases.Spend(lbs, req.Hits, now, rtt, true); paid {
+			b.renew(renew)
+			b.stats.LocalAnswers.Add(1)
+			return backend.Decision{Allowed: true, Limits: limits, Results: results,
+				Binding: bucket.Binding(limits, results), Level: level}, nil
+		}
+	}
+	if paying {
+		if d, ok := ctx.Deadline(); ok && rtt > 0 && time.Until(d) < time.Duration(rtt)*time.Millisecond {
+			// No run can be back before this call's deadline. A spent
+			// lease with its grant on the way is all this replica may
+			// admit until it lands; a lease that could not last a round
+			// trip marks a bucket at its limit: both deny. Anything else
+			// is for the failure policy.
+			outrun := b.leases.Outrun(lbs, now)
+			b.renewNow(lbs)
+			if outrun || b.leases.Short(lbs, now, rtt) {
+				return b.deadlineDenial(req, limits, level), nil
+			}
+			return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach)
+		}
+	}
+	p := &pending{buckets: bs}
+	p.call = scriptCall{refund: req.Refund, lease: !req.Refund, costs: costs(req, limits, p.costBuf[:0])}
+	if !req.Refund {
+		off := 0
+		for i := range lbs {
+			n := len(lbs[i].Res.Limits)
+			back := b.leases.Withdraw(&lbs[i])
+			if back == nil {
+				back = make([]int64, n)
+			}
+			p.call.back = append(p.call.back, back...)
+			want := b.leases.Wants(&lbs[i], p.call.costs[off:off+n], now, rtt)
+			if want == nil {
+				want = make([]int64, n)
+			}
+			p.call.want = append(p.call.want, want...)
+			off += n
+		}
+	}
+	lc := &leaseCall{p: p, lbs: lbs, req: req, limits: limits, done: make(chan struct{})}
+	if !b.detach(ctx, lc) {
+		b.settleLost(lc)
+		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, errClosed)
+	}
+	select {
+	case <-lc.done:
+	case <-ctx.Done():
+		if lc.state.CompareAndSwap(callPending, callAbandoned) {
+			err := fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, ctx.Err())
+			if paying && (b.leases.Outrun(lbs, b.opts.Now()) || b.leases.Short(lbs, b.opts.Now(), b.rtt.Ms())) {
+				return b.deadlineDenial(req, limits, level), nil
+			}
+			return backend.Decision{}, err
+		}
+		<-lc.done // answered just as ctx ended: the answer stands
+	}
+	if lc.err != nil {
+		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, lc.err)
+	}
+	return backend.Decision{Allowed: p.allowed, Limits: limits, Results: lc.results,
+		Binding: bucket.Binding(limits, lc.results), Level: level}, nil
+}
+
+// The states of a lease call's hand-shake: the run answers a pending
+// call, or its caller abandons it first (and is answered by the failure
+// policy); whichever moves first decides who takes the answer.
+const (
+	callPending int32 = iota
+	callAnswered
+	callAbandoned
+)
+
+// leaseCall is a decision's lease call in flight.
+type leaseCall struct {
+	p      *pending
+	lbs    []backend.LeaseBucket[string]
+	req    *backend.Request
+	limits []bucket.Limit
+	state  atomic.Int32
+	done   chan struct{}
+	// The answer, set before done closes.
+	results []bucket.Result
+	err     error
+}
+
+// detach runs lc's call on a goroutine of its own, under a context that
+// outlives the caller's (backgroundTimeout, and Close): a run abandoned
+// by its caller's deadline still lands, and what it took goes into the
+// lease. It reports false, having done nothing, once Close has begun.
+func (b *Backend) detach(ctx context.Context, lc *leaseCall) bool {
+	return b.goBackground(func() {
+		defer close(lc.done)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundTimeout)
+		defer cancel()
+		stop := context.AfterFunc(b.bg, cancel)
+		defer stop()
+		lc.p.ctx = rctx
+		start := time.Now()
+		err := b.run(rctx, lc.p)
+		if err == nil {
+			b.rtt.Observe(time.Since(start))
+		}
+		b.settle(lc, err)
+	})
+}
+
+// settle credits what lc's run granted to the leases and answers lc, or,
+// when its caller has gone, puts the tokens its admission took into the
+// lease: they left the bucket and nobody spent them.
+func (b *Backend) settle(lc *leaseCall, err error) {
+	p := lc.p
+	now := p.now
+	if err == nil {
+		err = p.err
+	}
+	if err != nil {
+		b.settleLost(lc)
+		lc.err = err
+		lc.state.CompareAndSwap(callPending, callAnswered)
+		return
+	}
+	if lc.req.Refund {
+		lc.results, lc.err = resultsOf(lc.req, lc.limits, p.call.costs, nil, p.after, p.allowed, now)
+		lc.state.CompareAndSwap(callPending, callAnswered)
+		return
+	}
+	b.credit(lc.lbs, p, now)
+	lc.results, lc.err = resultsOf(lc.req, lc.limits, p.call.costs, p.granted, p.after, p.allowed, now)
+	if !lc.state.CompareAndSwap(callPending, callAnswered) && p.allowed && lc.req.Hits > 0 {
+		off := 0
+		for i := range lc.lbs {
+			n := len(lc.lbs[i].Res.Limits)
+			b.leases.Add(&lc.lbs[i], p.call.costs[off:off+n], b.opts.Now())
+			off += n
+		}
+	}
+}
+
+// settleLost counts as dropped what a lease call gave back and asked for
+// when its run failed: its outcome is unknown, and nobody will spend
+// what it may have moved.
+func (b *Backend) settleLost(lc *leaseCall) {
+	b.leases.Drop(lc.p.call.back)
+	b.leases.Drop(lc.p.call.want)
+}
+
+// credit gives each lease of lbs what p's run granted it, with the bucket
+// as the run left it, and counts what p gave back.
+func (b *Backend) credit(lbs []backend.LeaseBucket[string], p *pending, now int64) {
+	off := 0
+	for i := range lbs {
+		lb := &lbs[i]
+		n := len(lb.Res.Limits)
+		v := &view{cfg: lb.FP, limits: lb.Res.Limits, states: p.after[off : off+n : off+n]}
+		if ttl := p.buckets[i].ttlMs; ttl > 0 {
+			v.expires = now + ttl
+		}
+		var grant []int64
+		if p.granted != nil {
+			grant = p.granted[off : off+n : off+n]
+		}
+		b.leases.Credit(lb, grant, v, nil, now)
+		var back uint64
+		for _, t := range p.call.back[min(off, len(p.call.back)):min(off+n, len(p.call.back))] {
+			back += uint64(max(t, 0))
+		}
+		if back > 0 {
+			b.stats.Returned.Add(back)
+		}
+		off += n
+	}
+	if slicesAny(p.granted) || slicesAny(p.call.back) {
+		b.stats.LeaseWrites.Add(1)
+	}
+}
+
+func slicesAny(v []int64) bool {
+	for _, x := range v {
+		if x != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// deadlineDenial denies req, not decided by Redis, at its deadline, and
+// counts it.
+func (b *Backend) deadlineDenial(req *backend.Request, limits []bucket.Limit, level backend.Level) backend.Decision {
+	results := make([]bucket.Result, len(limits))
+	for j, l := range limits {
+		c := bucket.Cost(l, req.Hits)
+		results[j] = bucket.Result{Cost: c, Wait: bucket.Wait(l, bucket.State{}, c, b.opts.Now())}
+	}
+	b.stats.DeadlineDenials.Add(1)
+	return backend.Decision{Limits: limits, Results: results, Binding: bucket.Binding(limits, results), Level: level}
+}
+
+// renew starts a renewal of each lease of lbs (marked busy by Spend).
+func (b *Backend) renew(lbs []backend.LeaseBucket[string]) {
+	for _, lb := range lbs {
+		if !b.goBackground(func() { b.background(b.bg, lb, false) }) {
+			b.leases.Idle(lb.Key)
+		}
+	}
+}
+
+// renewNow starts a renewal of the lease on every bucket of lbs that has
+// none under way: calls that could not wait for a run of their own still
+// fill the lease, through their demand, for the calls after them.
+func (b *Backend) renewNow(lbs []backend.LeaseBucket[string]) {
+	for i := range lbs {
+		if b.leases.StartRenewal(&lbs[i]) {
+			b.renew(lbs[i : i+1])
+		}
+	}
+}
+
+// background renews lb's lease (a lease call that costs nothing and asks
+// for a grant) or gives it back (one that returns it and asks for
+// nothing), and clears the lease's busy mark after.
+func (b *Backend) background(ctx context.Context, lb backend.LeaseBucket[string], giveBack bool) {
+	defer b.leases.Idle(lb.Key)
+	ctx, cancel := context.WithTimeout(ctx, backgroundTimeout)
+	defer cancel()
+	n := len(lb.Res.Limits)
+	p := &pending{ctx: ctx, buckets: []scriptBucket{b.plan(lb.Res, lb.Key)}}
+	p.call = scriptCall{lease: true, costs: make([]int64, n)}
+	now := b.opts.Now()
+	if giveBack {
+		p.call.back = b.leases.Withdraw(&lb)
+		if p.call.back == nil {
+			return
+		}
+	} else {
+		p.call.want = b.leases.Wants(&lb, nil, now, b.rtt.Ms())
+		if !slicesAny(p.call.want) {
+			return
+		}
+	}
+	start := time.Now()
+	if err := b.run(ctx, p); err != nil || p.err != nil {
+		b.leases.Drop(p.call.back)
+		b.leases.Drop(p.call.want)
+		return
+	}
+	b.rtt.Observe(time.Since(start))
+	b.credit([]backend.LeaseBucket[string]{lb}, p, p.now)
+}
+
+// goBackground runs fn on a goroutine of its own that Close waits for,
+// unless Close has begun (false).
+func (b *Backend) goBackground(fn func()) bool {
+	b.bgMu.Lock()
+	defer b.bgMu.Unlock()
+	if b.closed {
+		return false
+	}
+	b.bgWG.Add(1)
+	go func() {
+		defer b.bgWG.Done()
+		fn()
+	}()
+	return true
+}
+
+// sweep returns the leases due, every quarter horizon (at most a second
+// apart), until ctx ends.
+func (b *Backend) sweep(ctx context.Context) {
+	every := min(max(time.Duration(b.leases.Horizon())*time.Millisecond/4, 10*time.Millisecond), time.Second)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		b.returnAll(ctx, b.leases.Due(b.opts.Now()))
+	}
+}
+
+// returnAll gives the leases of lbs back to their buckets, a few at a
+// time, each within backgroundTimeout and ctx.
+func (b *Backend) returnAll(ctx context.Context, lbs []backend.LeaseBucket[string]) {
+	const parallel = 8
+	sem := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	for _, lb := range lbs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			b.background(ctx, lb, true)
+		})
+	}
+	wg.Wait()
+}
+
+// closeLeases ends the sweep, lets the runs in flight land (within
+// closeTimeout: one cancelled once sent could move tokens nobody would
+// then spend or return), and gives every lease back.
+func (b *Backend) closeLeases() error {
+	b.bgMu.Lock()
+	b.closed = true
+	b.bgMu.Unlock()
+	if b.stopSweep != nil {
+		b.stopSweep()
+	}
+	drained := make(chan struct{})
+	go func() { b.bgWG.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(closeTimeout):
+	}
+	b.stopBG()
+	<-drained
+	if b.leases == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	b.returnAll(ctx, b.leases.All())
+	if left := b.stats.LeaseOutstanding.Load(); left > 0 {
+		return fmt.Errorf("redis backend: %d millitokens of leases could not be returned", left)
+	}
+	return nil
+}

@@ -1,0 +1,256 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/redis/redistest"
+)
+
+// A lease call gives its lease back first, is decided, and then takes its
+// grant in whole tokens from what is left, all counted in the consumed
+// total when they leave the bucket; a denied call takes no grant, and
+// what comes back never lifts the bucket above its burst.
+func TestScriptLeaseCall(t *testing.T) {
+	srv := redistest.Require(t)
+	c := newClient(t, srv)
+	l := bucket.Limit{Name: "x", Amount: 10 * bucket.Milli, Period: 1000, Burst: 10 * bucket.Milli}
+	b := scriptBucket{key: "{lease}:a", cfg: bucket.Fingerprint([]bucket.Limit{l}), limits: []bucket.Limit{l}}
+	const now = 1_700_000_000_000
+	call := func(cost, back, want int64) (bool, int64, int64, int64) {
+		t.Helper()
+		r := runScript(t, c, now, []scriptGroup{{buckets: []scriptBucket{b},
+			calls: []scriptCall{{lease: true, costs: []int64{cost}, back: []int64{back}, want: []int64{want}}}}})
+		if r[0].err != nil {
+			t.Fatal(r[0].err)
+		}
+		return r[0].allowed[0], r[0].after[0][0].Tokens, r[0].granted[0][0], r[0].after[0][0].Consumed
+	}
+	for i, c := range []struct {
+		cost, back, want          int64
+		allowed                   bool
+		tokens, granted, consumed int64
+	}{
+		{cost: 1000, want: 5000, allowed: true, tokens: 4000, granted: 5000, consumed: 6000},
+		// 4 + 5 back = 9, less 1 = 8: all 8 granted of the 100 asked.
+		{cost: 1000, back: 5000, want: 100_000, allowed: true, tokens: 0, granted: 8000, consumed: 15_000},
+		{cost: 1000, want: 5000, allowed: false, tokens: 0, granted: 0, consumed: 15_000},
+		// 20 back to a bucket of 10: capped at the burst; then half a
+		// token less grants only whole tokens.
+		{cost: 500, back: 20_000, want: 100_000, allowed: true, tokens: 500, granted: 9000, consumed: 24_500},
+	} {
+		allowed, tokens, granted, consumed := call(c.cost, c.back, c.want)
+		if allowed != c.allowed || tokens != c.tokens || granted != c.granted || consumed != c.consumed {
+			t.Errorf("call %d: allowed %v, tokens %d, granted %d, consumed %d; want %v, %d, %d, %d",
+				i, allowed, tokens, granted, consumed, c.allowed, c.tokens, c.granted, c.consumed)
+		}
+	}
+	if got := consumedOf(t, srv, b.key, l); got != 24_500 {
+		t.Errorf("the bucket's consumed total is %d, want 24500", got)
+	}
+}
+
+func consumedOf(t *testing.T, srv *redistest.Server, key string, l bucket.Limit) int64 {
+	t.Helper()
+	return consumed(t, srv, key, []bucket.Limit{l})[0]
+}
+
+// tokensOf reads limit l's tokens of the bucket at key as stored.
+func tokensOf(t *testing.T, srv *redistest.Server, key string, l bucket.Limit) int64 {
+	t.Helper()
+	v, err := srv.Do(context.Background(), "HGET", key, "b_"+l.Name+"_tk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s tokens %q: %v", key, v, err)
+	}
+	return n
+}
+
+// With leases, one replica answers most decisions from memory, each with
+// the remaining count one bucket would give, and Close gives the lease
+// back: the bucket then holds exactly what was not admitted.
+func TestLeasesAnswerFromMemory(t *testing.T) {
+	srv := redistest.Require(t)
+	clk := newFakeClock()
+	rb := newBackend(t, newClient(t, srv), Options{Now: clk.now, LeaseHorizon: 30 * time.Second})
+	l := specLimits(t, []bucket.Spec{{Name: "x", Rate: "1/h", Burst: ptr(int64(1000))}})[0]
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{l}, Hits: 1}
+	const n = 300
+	for i := 1; i <= n; i++ {
+		clk.advance(10)
+		r := req
+		d, err := rb.Decide(context.Background(), &r)
+		if err != nil || !d.Allowed {
+			t.Fatalf("decision %d: %+v, %v", i, d, err)
+		}
+		if got, want := d.Results[0].Tokens, int64(1000-i)*bucket.Milli; got != want {
+			t.Fatalf("decision %d: %d millitokens remaining, want %d", i, got, want)
+		}
+		waitLeases(t, rb)
+	}
+	s := rb.Stats()
+	t.Logf("%d decisions: %d scripts, %d answered locally, %d leased", n, s.Scripts.Load(), s.LocalAnswers.Load(), s.Leased.Load())
+	if s.Scripts.Load() > n/10 {
+		t.Errorf("%d runs of the script for %d decisions, want at most %d", s.Scripts.Load(), n, n/10)
+	}
+	if err := rb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if tk := tokensOf(t, srv, rb.keys.Bucket("e", "r", ""), l); tk != (1000-n)*bucket.Milli {
+		t.Errorf("after Close the bucket holds %d millitokens, want %d", tk, (1000-n)*bucket.Milli)
+	}
+	if s.LeaseOutstanding.Load() != 0 || s.Returned.Load() == 0 {
+		t.Errorf("after Close: %d outstanding, %d returned", s.LeaseOutstanding.Load(), s.Returned.Load())
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// waitLeases waits until no renewal or return of b runs.
+func waitLeases(t *testing.T, b *Backend) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); b.leases.Busy(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a renewal or return is still running after 10 s")
+		}
+	}
+}
+
+// farCall delays every round trip to Redis by d: Redis in another region.
+func farCall(d time.Duration) func(ctx context.Context, op string, fn func(context.Context) error) error {
+	return func(ctx context.Context, op string, fn func(context.Context) error) error {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return fn(ctx)
+	}
+}
+
+// Three replicas sharing one Redis 70 ms away, one key at its limit, 30
+// callers each whose calls have 40 ms (Envoy's 50 less the service's
+// margin), after one unhurried call per replica: the fleet admits most of
+// its bound and never more, and every call is answered in time, admitted
+// or denied, none left to Envoy's failure mode. Without leases every
+// call here failed.
+func TestFarRedisAtTheLimit(t *testing.T) {
+	srv := redistest.Require(t)
+	l := specLimits(t, []bucket.Spec{{Name: "x", Rate: "500/s", Burst: ptr(int64(500))}})[0]
+	req := backend.Request{Entity: "far", Resource: "r", Defaults: []bucket.Limit{l}, Hits: 1}
+	var replicas []*Backend
+	for range 3 {
+		replicas = append(replicas, newBackend(t, newClient(t, srv), Options{LeaseHorizon: 30 * time.Second, Call: farCall(70 * time.Millisecond)}))
+	}
+	start := time.Now()
+	for _, b := range replicas {
+		r := req
+		if d, err := b.Decide(context.Background(), &r); err != nil || !d.Allowed {
+			t.Fatalf("unhurried first call: %+v, %v", d, err)
+		}
+	}
+	loadStart := time.Now()
+	const run, budget = 2 * time.Second, 40 * time.Millisecond
+	var admitted, denied, failed, late atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	end := time.Now().Add(run)
+	for _, b := range replicas {
+		for range 30 {
+			wg.Go(func() {
+				for time.Now().Before(end) {
+					ctx, cancel := context.WithTimeout(context.Background(), budget)
+					began := time.Now()
+					r := req
+					d, err := b.Decide(ctx, &r)
+					cancel()
+					if time.Since(began) > budget+50*time.Millisecond {
+						late.Add(1)
+					}
+					switch {
+					case err != nil:
+						failed.Add(1)
+						firstErr.CompareAndSwap(nil, fmt.Sprint(err))
+					case d.Allowed:
+						admitted.Add(1)
+					default:
+						denied.Add(1)
+					}
+					time.Sleep(time.Millisecond) // Envoys, not a spin
+				}
+			})
+		}
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	bound := float64(l.Burst)/bucket.Milli + 500*elapsed.Seconds() + 1
+	got := float64(admitted.Load() + 3)
+	reachable := float64(l.Burst)/bucket.Milli + 500*time.Since(loadStart).Seconds() + 3
+	total := admitted.Load() + denied.Load() + failed.Load()
+	t.Logf("admitted %d (+3 unhurried), denied %d, failed %d (%v), late %d; bound %.0f over %v: %.3f of it, %.3f of the burst and the load's own refill",
+		admitted.Load(), denied.Load(), failed.Load(), firstErr.Load(), late.Load(), bound, elapsed.Round(time.Millisecond), got/bound, got/reachable)
+	if got > bound {
+		t.Errorf("admitted %.0f, over the bound %.0f", got, bound)
+	}
+	if got < 0.75*reachable {
+		t.Errorf("admitted %.0f, under 0.75 of the burst and the load's own refill, %.0f", got, reachable)
+	}
+	if failed.Load() > 0 {
+		t.Errorf("%d of %d calls failed (first: %v), want none", failed.Load(), total, firstErr.Load())
+	}
+	if late.Load() > total/100 {
+		t.Errorf("%d of %d calls answered past their deadline, want at most 1%%", late.Load(), total)
+	}
+}
+
+// A lease call whose caller gave up still lands: what it took is in the
+// lease for the next call, and none of it is lost.
+func TestAbandonedLeaseCallWarmsTheKey(t *testing.T) {
+	srv := redistest.Require(t)
+	rb := newBackend(t, newClient(t, srv), Options{LeaseHorizon: 30 * time.Second, Call: farCall(150 * time.Millisecond)})
+	l := specLimits(t, []bucket.Spec{{Name: "x", Rate: "1/h", Burst: ptr(int64(1000))}})[0]
+	req := backend.Request{Entity: "cold", Resource: "r", Defaults: []bucket.Limit{l}, Hits: 1}
+	// The key's config records are read (and cached) unhurried: this is
+	// about the bucket's run.
+	if _, err := rb.records.get(context.Background(), "cold", "r"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	r := req
+	_, err := rb.Decide(ctx, &r)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a 50 ms call on Redis 150 ms away: %v, want a deadline", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); rb.Stats().LeaseOutstanding.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			s := rb.Stats()
+			t.Fatalf("the abandoned call's run never filled the lease: %d scripts, %d errors, %d leased, %d dropped", s.Scripts.Load(), s.ScriptErrors.Load(), s.Leased.Load(), s.LeaseDropped.Load())
+		}
+	}
+	r = req
+	ctx, cancel = context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if d, err := rb.Decide(ctx, &r); err != nil || !d.Allowed {
+		t.Fatalf("the call after: %+v, %v; want admitted from the lease", d, err)
+	}
+	if err := rb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// One call admitted; the abandoned one's token went into the lease
+	// and back with it.
+	if tk := tokensOf(t, srv, rb.keys.Bucket("cold", "r", ""), l); tk < 999*bucket.Milli || tk > 999*bucket.Milli+10 {
+		t.Errorf("after Close the bucket holds %d millitokens, want 999000 (one admitted)", tk)
+	}
+}
