@@ -97,8 +97,9 @@ type holding struct {
 	// view is the bucket as this replica's last write left it, set
 	// with the tokens under mu, so that a decision paid from the lease
 	// reads the bucket and the lease of one moment. nil: none.
-	view BucketView
-	own  []lease.Rate // this replica's spending, per limit
+	view   BucketView
+	viewAt int64        // ms: when view was recorded
+	own    []lease.Rate // this replica's spending, per limit
 	// quick is the same demand over about a second (quickTau): what the
 	// replica is asked right now, before the horizon's average has caught
 	// up with a spike.
@@ -118,8 +119,12 @@ type holding struct {
 	// write started from: the bucket is shared, and kept alive by others.
 	othersAt int64
 	// busy: a renewal or return of this lease is under way; no second
-	// one starts.
-	busy bool
+	// one starts. renewing: it is a renewal (a grant is on its way).
+	busy, renewing bool
+	// gone: Due forgot it (empty and unused for two horizons) after a
+	// caller found it in the map and before that caller locked it.
+	// Nothing is put into a gone holding: it would be stranded there.
+	gone bool
 }
 
 // NewLeases returns an empty set of leases sized by p, counting into
@@ -151,6 +156,19 @@ func (ls *Leases[K]) getOrAdd(k K) *holding {
 		ls.m[k] = h
 	}
 	return h
+}
+
+// lockLive returns k's holding locked, a new one when there is none or
+// the one found was forgotten by Due before it could be locked.
+func (ls *Leases[K]) lockLive(k K) *holding {
+	for {
+		h := ls.getOrAdd(k)
+		h.mu.Lock()
+		if !h.gone {
+			return h
+		}
+		h.mu.Unlock()
+	}
 }
 
 // matches reports whether h's tokens line up with limits of fingerprint
@@ -201,8 +219,7 @@ func (h *holding) refilled() {
 // (nothing locked) when it holds tokens under other limits, which wait
 // for a decision that folds them.
 func (ls *Leases[K]) hold(b *LeaseBucket[K]) *holding {
-	h := ls.getOrAdd(b.Key)
-	h.mu.Lock()
+	h := ls.lockLive(b.Key)
 	if !h.matches(b.Res, b.FP) {
 		if h.held() > 0 {
 			h.mu.Unlock()
@@ -271,8 +288,7 @@ func (ls *Leases[K]) Restore(b *LeaseBucket[K], tokens []int64) {
 	if tokens == nil {
 		return
 	}
-	h := ls.getOrAdd(b.Key)
-	h.mu.Lock()
+	h := ls.lockLive(b.Key)
 	defer h.mu.Unlock()
 	if !h.matches(b.Res, b.FP) {
 		if h.held() > 0 {
@@ -326,7 +342,7 @@ func (ls *Leases[K]) Credit(b *LeaseBucket[K], grant []int64, view BucketView, w
 			}
 		}
 	}
-	h.view = view
+	h.view, h.viewAt = view, now
 	if sum == 0 {
 		return
 	}
@@ -396,6 +412,7 @@ func (ls *Leases[K]) Due(now int64) []LeaseBucket[K] {
 			h.busy = true
 			out = append(out, LeaseBucket[K]{Key: k, Res: h.res, FP: h.fp})
 		case h.held() == 0 && now-h.used >= 2*ls.Horizon():
+			h.gone = true
 			delete(ls.m, k)
 		}
 		h.mu.Unlock()
@@ -431,7 +448,7 @@ func (ls *Leases[K]) StartRenewal(b *LeaseBucket[K]) bool {
 	if h.busy {
 		return false
 	}
-	h.busy = true
+	h.busy, h.renewing = true, true
 	return true
 }
 
@@ -439,14 +456,14 @@ func (ls *Leases[K]) StartRenewal(b *LeaseBucket[K]) bool {
 func (ls *Leases[K]) Idle(k K) {
 	if h := ls.get(k); h != nil {
 		h.mu.Lock()
-		h.busy = false
+		h.busy, h.renewing = false, false
 		h.mu.Unlock()
 	}
 }
 
 // Outrun reports whether the lease on some bucket of bs is live, has
 // been spent down to less than the calls since ask of it, and has a
-// grant on its way: this replica is asked more than its lease, and the
+// renewal's grant on its way (a return grants nothing): this replica is asked more than its lease, and the
 // next tokens it can give are those of the write in flight.
 func (ls *Leases[K]) Outrun(bs []LeaseBucket[K], now int64) bool {
 	for i := range bs {
@@ -455,7 +472,7 @@ func (ls *Leases[K]) Outrun(bs []LeaseBucket[K], now int64) bool {
 			continue
 		}
 		h.mu.Lock()
-		out := h.busy && h.dryAt > 0 && now < h.expires && h.matches(bs[i].Res, bs[i].FP) &&
+		out := h.renewing && h.dryAt > 0 && now < h.expires && h.matches(bs[i].Res, bs[i].FP) &&
 			slices.ContainsFunc(h.granted, func(g int64) bool { return g > 0 })
 		h.mu.Unlock()
 		if out {

@@ -1,6 +1,8 @@
 package backend
 
 import (
+	"slices"
+
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/lease"
 )
@@ -22,8 +24,7 @@ const unmetWindow = 10
 // unknown); what the lease holds; and the last grant when it went faster
 // than planned. nil: grant nothing.
 func (ls *Leases[K]) Asks(b *LeaseBucket[K], view BucketView, now, rtt int64) []lease.Ask {
-	h := ls.getOrAdd(b.Key)
-	h.mu.Lock()
+	h := ls.lockLive(b.Key)
 	defer h.mu.Unlock()
 	if !h.matches(b.Res, b.FP) {
 		if h.held() > 0 {
@@ -73,14 +74,6 @@ func (ls *Leases[K]) Asks(b *LeaseBucket[K], view BucketView, now, rtt int64) []
 // (a cascade), locked in the order of NewLeases' less.
 func (ls *Leases[K]) Spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, arriving bool) (results []bucket.Result, renew []LeaseBucket[K], paid bool) {
 	tau, window := ls.Horizon(), ls.policy.WindowMs()
-	var hs [2]*holding
-	for i := range bs {
-		if arriving {
-			hs[i] = ls.getOrAdd(bs[i].Key)
-		} else if hs[i] = ls.get(bs[i].Key); hs[i] == nil {
-			return nil, nil, false
-		}
-	}
 	order := []int{0}
 	if len(bs) == 2 {
 		order = []int{0, 1}
@@ -88,8 +81,26 @@ func (ls *Leases[K]) Spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, arr
 			order = []int{1, 0}
 		}
 	}
-	for _, i := range order {
-		hs[i].mu.Lock()
+	var hs [2]*holding
+	for live := false; !live; {
+		for i := range bs {
+			if arriving {
+				hs[i] = ls.getOrAdd(bs[i].Key)
+			} else if hs[i] = ls.get(bs[i].Key); hs[i] == nil {
+				return nil, nil, false
+			}
+		}
+		for _, i := range order {
+			hs[i].mu.Lock()
+		}
+		// A holding Due forgot meanwhile would keep the demand this
+		// call records, and its next grant, where nobody finds them.
+		live = !hs[0].gone && (len(bs) == 1 || !hs[1].gone)
+		if !live {
+			for _, i := range order {
+				hs[i].mu.Unlock()
+			}
+		}
 	}
 	defer func() {
 		for _, i := range order {
@@ -154,7 +165,7 @@ func (ls *Leases[K]) Spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, arr
 		}
 		for j := range h.tokens {
 			if lease.Renew(h.tokens[j], h.granted[j], h.own[j].Arriving(now, tau, window), rtt) {
-				h.busy = true
+				h.busy, h.renewing = true, true
 				renew = append(renew, LeaseBucket[K]{Key: b.Key, Res: b.Res, FP: b.FP})
 				break
 			}
@@ -253,4 +264,52 @@ func (ls *Leases[K]) Short(bs []LeaseBucket[K], now, rtt int64) bool {
 		}
 	}
 	return false
+}
+
+// DenyFromView decides a call of hits that the leases of bs could not
+// pay from what this replica last saw of each bucket (recorded at most
+// maxAge ms ago), refilled to now, with what its lease holds on top:
+// when that cannot pay the call, it reports the denial's results, with
+// no call to the store. Other writers only take tokens from a bucket, so
+// such a denial stands unless tokens came back meanwhile (a return, a
+// refund, a raised limit), which maxAge bounds. It reports false when
+// some bucket's view is absent, older or under other limits, or the
+// call could be paid.
+func (ls *Leases[K]) DenyFromView(bs []LeaseBucket[K], hits uint64, now, maxAge int64) ([]bucket.Result, bool) {
+	var limits []bucket.Limit
+	var states []bucket.State
+	for i := range bs {
+		b := &bs[i]
+		h := ls.get(b.Key)
+		if h == nil {
+			return nil, false
+		}
+		h.mu.Lock()
+		v, at := h.view, h.viewAt
+		var held []int64
+		if h.matches(b.Res, b.FP) {
+			held = slices.Clone(h.tokens)
+		}
+		h.mu.Unlock()
+		if v == nil || now-at > maxAge || v.Config() != b.FP || v.Expired(now) {
+			return nil, false
+		}
+		for j, l := range b.Res.Limits {
+			s, ok := v.StateOf(l.Name)
+			if !ok {
+				return nil, false
+			}
+			s = bucket.Refill(l, s, now)
+			if j < len(held) {
+				s.Tokens = min(s.Tokens+held[j], l.Burst)
+			}
+			limits = append(limits, l)
+			states = append(states, s)
+		}
+	}
+	results := make([]bucket.Result, len(limits))
+	if bucket.Decide(limits, states, hits, now, results) {
+		return nil, false
+	}
+	return results, true
 }

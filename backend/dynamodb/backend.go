@@ -427,7 +427,7 @@ func (b *Backend) renewNow(ts []target) {
 // gaveUp answers a call that stopped waiting for its bucket at its
 // deadline (err). Where the bucket, as this replica last saw it (within
 // MaxDenyStaleness), could not lease it a round trip of its demand
-// (short), the answer is a denial: the replica is asked more than its
+// (backend.Leases.Short), the answer is a denial: the replica is asked more than its
 // part of the bucket, and an error would let Envoy's failure mode pass
 // the call over a limit being reached. Anywhere else (a key far below
 // its limit whose lease is still growing) it is err, for the failure
@@ -438,7 +438,7 @@ func (b *Backend) gaveUp(ts []target, req *backend.Request, level backend.Level,
 	}
 	b.loadSeen(ts)
 	now := b.now()
-	if !b.recentEnough(ts, now) || !b.short(ts, now) {
+	if !b.recentEnough(ts, now) || !b.leases.Short(leasedAll(ts), now, b.rtt.Ms()) {
 		return backend.Decision{}, err
 	}
 	return b.deadlineDenial(ts, req, level), nil
@@ -458,38 +458,6 @@ func (b *Backend) deadlineDenial(ts []target, req *backend.Request, level backen
 	c.deny()
 	b.stats.DeadlineDenials.Add(1)
 	return decision(&c, level)
-}
-
-// short reports whether, for some limit of ts, the lease this replica
-// could get from its bucket as last seen (refilled to now) lasts less
-// than a round trip of what it is asked (lease.Policy.Short): a bucket at
-// its limit, or one about to be, as far as a replica that waits a round
-// trip for every answer can tell.
-func (b *Backend) short(ts []target, now int64) bool {
-	rtt := b.rtt.Ms()
-	if rtt == 0 {
-		return false
-	}
-	for i := range ts {
-		t := &ts[i]
-		if t.item == nil || t.item.cfg != t.fp || t.item.Expired(now) {
-			continue
-		}
-		lb := t.leased()
-		asks := b.leases.Asks(&lb, t.view(), now, rtt)
-		for j, l := range t.res.Limits {
-			s, ok := t.item.StateOf(l.Name)
-			if !ok || asks == nil {
-				continue
-			}
-			a := asks[j]
-			a.Avail = bucket.Refill(l, s, now).Tokens
-			if b.leases.Policy().Short(l, a) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // lead decides a batch of several calls, its own first, and returns when
