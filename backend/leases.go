@@ -43,15 +43,19 @@ type Leases[K comparable] struct {
 // LeaseStats are the running totals of a replica's leases, in
 // millitokens: Leased and Returned moved into leases and back into
 // buckets, LeaseDropped lost on the way (a write whose outcome is
-// unknown, a limit removed), LeaseOutstanding held now. LeaseWrites
+// unknown, a limit removed), LeaseCut given back to a bucket that,
+// refilled while they were out, could not hold them (the burst cuts them
+// as it cuts refill into a full bucket: no admission is lost to them,
+// but the bucket's consumed total counts them), LeaseOutstanding held
+// now. LeaseWrites
 // counts the writes that granted or gave back lease tokens (the backend
 // adds to it), DeadlineDenials the decisions denied without the store's
 // answer (DeadlineDenial).
 type LeaseStats struct {
-	Leased, Returned, LeaseDropped atomic.Uint64
-	LeaseOutstanding               atomic.Int64
-	LeaseWrites                    atomic.Uint64
-	DeadlineDenials                atomic.Uint64
+	Leased, Returned, LeaseDropped, LeaseCut atomic.Uint64
+	LeaseOutstanding                         atomic.Int64
+	LeaseWrites                              atomic.Uint64
+	DeadlineDenials                          atomic.Uint64
 }
 
 // LeaseBucket is a bucket as a decision on it resolved: its key, its

@@ -313,3 +313,23 @@ func (ls *Leases[K]) DenyFromView(bs []LeaseBucket[K], hits uint64, now, maxAge 
 	}
 	return results, true
 }
+
+// SeenWithin reports whether this replica recorded every bucket of bs, as
+// a write left it, at most maxAge ms before now: recently enough to deny
+// from (other writers only take tokens). A store that stopped answering
+// leaves its buckets unseen, and its calls to the failure policy.
+func (ls *Leases[K]) SeenWithin(bs []LeaseBucket[K], now, maxAge int64) bool {
+	for i := range bs {
+		h := ls.get(bs[i].Key)
+		if h == nil {
+			return false
+		}
+		h.mu.Lock()
+		ok := h.view != nil && now-h.viewAt <= maxAge
+		h.mu.Unlock()
+		if !ok {
+			return false
+		}
+	}
+	return true
+}

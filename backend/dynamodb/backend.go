@@ -325,10 +325,14 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		// lease is renewed for the calls after it. Where the lease has
 		// been spent and its next grant is on the way, the lease is what
 		// this replica may admit until that grant lands, as a quota
-		// client's assignment is: the call is denied. The failure
-		// policy is for the calls this replica knows too little about
-		// (a key's first call on it, a lease left to expire).
-		outrun := b.leases.Outrun(leasedAll(ts), b.now())
+		// client's assignment is: the call is denied, as long as the
+		// table answered lately (MaxDenyStaleness). The failure policy
+		// is for the calls this replica knows too little about (a key's
+		// first call on it, a lease left to expire, a table that has
+		// stopped answering).
+		b.loadSeen(ts)
+		now := b.now()
+		outrun := b.leases.Outrun(leasedAll(ts), now) && b.recentEnough(ts, now)
 		b.renewNow(ts)
 		if outrun {
 			return b.deadlineDenial(ts, req, level), nil
@@ -786,21 +790,12 @@ func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
 }
 
 // unfold settles the leases a batch withdrew and did not write: put back
-// when the write certainly did not happen (sure), dropped otherwise,
-// with what the write would have granted: a write whose outcome is
-// unknown may have taken it from the bucket, and nobody will spend it.
+// when the write certainly did not happen (sure), dropped otherwise.
 func (b *Backend) unfold(ts []target, fold, sure bool) {
-	if b.leases == nil {
+	if !fold {
 		return
 	}
 	for i := range ts {
-		if !sure {
-			b.leases.Drop(ts[i].grant)
-		}
-		ts[i].grant = nil
-		if !fold {
-			continue
-		}
 		if sure {
 			lb := ts[i].leased()
 			b.leases.Restore(&lb, ts[i].lease)
@@ -966,7 +961,9 @@ func (b *Backend) unclaimed(ts []target, c *call) {
 }
 
 // leaseWritten credits the grants of a write that succeeded (or was not
-// needed) to the leases, and counts the tokens it gave back.
+// needed) to the leases, and counts the tokens it gave back, and those of
+// a folded lease that the bucket, refilled meanwhile, could not hold
+// (pool caps them at the burst).
 func (b *Backend) leaseWritten(ts []target, now int64, wrote bool) {
 	leaseWrite := false
 	for i := range ts {
@@ -975,8 +972,14 @@ func (b *Backend) leaseWritten(ts []target, now int64, wrote bool) {
 			leaseWrite = true
 		}
 		for j, l := range t.res.Limits {
-			if back := t.states[j].Tokens - bucket.Refill(l, t.base[j], now).Tokens; back > 0 {
+			refilled := bucket.Refill(l, t.base[j], now).Tokens
+			if back := t.states[j].Tokens - refilled; back > 0 {
 				b.stats.Returned.Add(uint64(back))
+			}
+			if j < len(t.lease) {
+				if cut := refilled + t.lease[j] - l.Burst; t.lease[j] > 0 && cut > 0 {
+					b.stats.LeaseCut.Add(uint64(cut))
+				}
 			}
 		}
 		var written []bucket.State
