@@ -5,7 +5,7 @@
 # at its limit), it runs bench/fleet.sh once per serve configuration, one
 # after the other (by default Sluice as it ships, then with write
 # coalescing off, then with local denial off; also no-leases, and memory:
-# the memory backend). Every run is a fresh DynamoDB Local and a fresh
+# the memory backend; on Redis: redis, redis-no-coalescing, redis-no-leases). Every run is a fresh DynamoDB Local and a fresh
 # fleet of REPLICAS replicas (default 3; some loads set their own), so no
 # run inherits another's buckets or caches. The lease targets of
 # BENCHMARKS.md section 3:
@@ -123,6 +123,7 @@ declare -A config_args=(
 	[memory-1]=""
 	[redis]=""
 	[redis-no-coalescing]="--coalesce-writes=false"
+	[redis-no-leases]="--lease-horizon 0"
 )
 # Replicas per configuration, where it is not the load's: memory replicas
 # share nothing, so the fair comparison with a fleet is one of them.

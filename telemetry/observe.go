@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluice-rl/sluice/admission"
+	"github.com/sluice-rl/sluice/backend"
 	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/redis"
 	"github.com/sluice-rl/sluice/certs"
@@ -46,51 +47,89 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		metric.WithDescription("Decisions answered without a DynamoDB call of their own: admissions paid from a lease, and denials and checks answered from the last bucket state this replica saw."))
 	coalesced, err8 := m.Int64ObservableCounter("sluice.dynamodb.coalesced_decisions", metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions whose tokens were written by one write shared with another decision of the same bucket."))
-	leaseTokens, err9 := m.Float64ObservableCounter("sluice.dynamodb.lease_tokens", metric.WithUnit("{token}"),
-		metric.WithDescription("Tokens moved into this replica's leases (event=leased), back into their buckets (returned), or lost on the way (dropped: a write whose outcome is unknown, a limit removed)."))
-	outstanding, err10 := m.Float64ObservableGauge("sluice.dynamodb.lease_tokens_outstanding", metric.WithUnit("{token}"),
-		metric.WithDescription("Tokens this replica's leases hold now: taken from their buckets, not yet spent or returned."))
-	leaseWrites, err11 := m.Int64ObservableCounter("sluice.dynamodb.lease_writes", metric.WithUnit("{write}"),
-		metric.WithDescription("Bucket writes that granted lease tokens or gave them back."))
 	contended, err12 := m.Int64ObservableCounter("sluice.dynamodb.contended_denials", metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions denied because their write lost every race on a bucket near its limit: other replicas took its last tokens first."))
-	deadline, err13 := m.Int64ObservableCounter("sluice.dynamodb.deadline_denials", metric.WithUnit("{decision}"),
-		metric.WithDescription("Decisions denied without the table's answer, their deadline come or nearer than its round trip, while this replica's lease was spent with a grant on the way or could not last a round trip of its demand: a table farther than the caller's deadline, at or near the limit."))
-	for _, err := range []error{err1, err2, err3, err7, err8, err9, err10, err11, err12, err13} {
+	for _, err := range []error{err1, err2, err3, err7, err8, err12} {
 		if err != nil {
 			return err
 		}
 	}
 	s := b.Stats()
-	leased := metric.WithAttributes(attribute.String("event", "leased"))
-	returned := metric.WithAttributes(attribute.String("event", "returned"))
-	dropped := metric.WithAttributes(attribute.String("event", "dropped"))
 	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveFloat64(rcu, float64(s.ReadMilliUnits.Load())/1000)
 		o.ObserveFloat64(wcu, float64(s.WriteMilliUnits.Load())/1000)
 		o.ObserveInt64(retries, int64(s.ConditionRetries.Load()))
 		o.ObserveInt64(local, int64(s.LocalAnswers.Load()))
 		o.ObserveInt64(coalesced, int64(s.Coalesced.Load()))
-		o.ObserveFloat64(leaseTokens, float64(s.Leased.Load())/1000, leased)
-		o.ObserveFloat64(leaseTokens, float64(s.Returned.Load())/1000, returned)
-		o.ObserveFloat64(leaseTokens, float64(s.LeaseDropped.Load())/1000, dropped)
-		o.ObserveFloat64(outstanding, float64(s.LeaseOutstanding.Load())/1000)
-		o.ObserveInt64(leaseWrites, int64(s.LeaseWrites.Load()))
 		o.ObserveInt64(contended, int64(s.Contended.Load()))
-		o.ObserveInt64(deadline, int64(s.DeadlineDenials.Load()))
 		return nil
-	}, rcu, wcu, retries, local, coalesced, leaseTokens, outstanding, leaseWrites, contended, deadline)
+	}, rcu, wcu, retries, local, coalesced, contended)
 	if err != nil {
+		return err
+	}
+	if err := t.observeLeases("dynamodb", "Bucket writes", "the table's", &s.LeaseStats); err != nil {
 		return err
 	}
 	return t.observeConfigCache(&s.CacheHits, &s.CacheMisses, b.ConfigCacheLen)
 }
 
+// observeLeases reports a backend's leases (backend.LeaseStats) as
+// sluice.<store>.lease_tokens, lease_tokens_outstanding, lease_writes and
+// deadline_denials; writes names what moves lease tokens in that store,
+// and whose, whose round trip it is.
+func (t *Telemetry) observeLeases(store, writes, whose string, s *backend.LeaseStats) error {
+	m := t.meter
+	tokens, err1 := m.Float64ObservableCounter("sluice."+store+".lease_tokens", metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens moved into this replica's leases (event=leased), back into their buckets (returned), lost on the way (dropped: a write whose outcome is unknown, a limit removed), or given back to a bucket that had refilled to its burst meanwhile and could not hold them (cut)."))
+	outstanding, err2 := m.Float64ObservableGauge("sluice."+store+".lease_tokens_outstanding", metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens this replica's leases hold now: taken from their buckets, not yet spent or returned."))
+	moves, err3 := m.Int64ObservableCounter("sluice."+store+".lease_writes", metric.WithUnit("{write}"),
+		metric.WithDescription(writes+" that granted lease tokens or gave them back."))
+	deadline, err4 := m.Int64ObservableCounter("sluice."+store+".deadline_denials", metric.WithUnit("{decision}"),
+		metric.WithDescription("Decisions denied without "+whose+" answer, their deadline come or nearer than its round trip, while this replica's lease was spent with a grant on the way or could not last a round trip of its demand: a store farther than the caller's deadline, at or near the limit."))
+	for _, err := range []error{err1, err2, err3, err4} {
+		if err != nil {
+			return err
+		}
+	}
+	leased := metric.WithAttributes(attribute.String("event", "leased"))
+	returned := metric.WithAttributes(attribute.String("event", "returned"))
+	dropped := metric.WithAttributes(attribute.String("event", "dropped"))
+	cut := metric.WithAttributes(attribute.String("event", "cut"))
+	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveFloat64(tokens, float64(s.LeaseCut.Load())/1000, cut)
+		o.ObserveFloat64(tokens, float64(s.Leased.Load())/1000, leased)
+		o.ObserveFloat64(tokens, float64(s.Returned.Load())/1000, returned)
+		o.ObserveFloat64(tokens, float64(s.LeaseDropped.Load())/1000, dropped)
+		o.ObserveFloat64(outstanding, float64(s.LeaseOutstanding.Load())/1000)
+		o.ObserveInt64(moves, int64(s.LeaseWrites.Load()))
+		o.ObserveInt64(deadline, int64(s.DeadlineDenials.Load()))
+		return nil
+	}, tokens, outstanding, moves, deadline)
+	return err
+}
+
 // ObserveRedis reports the Redis backend's running totals when metrics
-// are read: its config cache, as for DynamoDB (the round trips are
-// timed by RedisCall).
+// are read: its config cache, as for DynamoDB, and its leases when they
+// are on (the round trips are timed by RedisCall).
 func (t *Telemetry) ObserveRedis(b *redis.Backend) error {
 	s := b.Stats()
+	if b.LeaseHorizon() > 0 {
+		local, err := t.meter.Int64ObservableCounter("sluice.redis.local_answers", metric.WithUnit("{decision}"),
+			metric.WithDescription("Decisions answered without a run of the script of their own: admissions paid from this replica's lease, and denials decided from the bucket it saw within the last second and its lease."))
+		if err != nil {
+			return err
+		}
+		if _, err := t.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+			o.ObserveInt64(local, int64(s.LocalAnswers.Load()))
+			return nil
+		}, local); err != nil {
+			return err
+		}
+		if err := t.observeLeases("redis", "Runs of the decision script", "Redis's", &s.LeaseStats); err != nil {
+			return err
+		}
+	}
 	return t.observeConfigCache(&s.CacheHits, &s.CacheMisses, b.ConfigCacheLen)
 }
 

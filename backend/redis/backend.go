@@ -82,8 +82,9 @@ type Stats struct {
 	// CacheHits and CacheMisses count config-record lookups answered
 	// from the cache and those that waited for a read.
 	CacheHits, CacheMisses atomic.Uint64
-	// LocalAnswers counts decisions paid from a lease, with no round
-	// trip of their own (leases on).
+	// LocalAnswers counts decisions answered with no round trip of their
+	// own (leases on): paid from a lease, or denied from the bucket as
+	// this replica saw it within the last second, and its lease.
 	LocalAnswers atomic.Uint64
 	// LeaseStats are the leases' totals (leases on): moved in and out,
 	// dropped, held now, the runs that moved them, and the decisions

@@ -28,6 +28,11 @@ const backgroundTimeout = 5 * time.Second
 // then how long it spends returning leases.
 const closeTimeout = 5 * time.Second
 
+// maxDenyAge is how old (ms) the last state a replica saw of a bucket
+// may be for a denial to be decided from it (and its lease) without a
+// run: as the DynamoDB backend's MaxDenyStaleness default.
+const maxDenyAge = 1000
+
 // errBeyondReach answers a call whose deadline is nearer than Redis's
 // measured round trip: as a deadline, for the failure policy.
 var errBeyondReach = fmt.Errorf("redis's round trip is longer than the time left to the deadline: %w", context.DeadlineExceeded)
@@ -76,13 +81,20 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 		}
 	}
 	if paying {
+		if results, denied := b.leases.DenyFromView(lbs, req.Hits, now, maxDenyAge); denied {
+			// Denials stay local: a bucket seen unable to pay, a moment
+			// ago, still cannot.
+			b.stats.LocalAnswers.Add(1)
+			return backend.Decision{Limits: limits, Results: results,
+				Binding: bucket.Binding(limits, results), Level: level}, nil
+		}
 		if d, ok := ctx.Deadline(); ok && rtt > 0 && time.Until(d) < time.Duration(rtt)*time.Millisecond {
 			// No run can be back before this call's deadline. A spent
 			// lease with its grant on the way is all this replica may
 			// admit until it lands; a lease that could not last a round
-			// trip marks a bucket at its limit: both deny. Anything else
-			// is for the failure policy.
-			outrun := b.leases.Outrun(lbs, now)
+			// trip marks a bucket at its limit: both deny, while Redis
+			// answered lately. Anything else is for the failure policy.
+			outrun := b.leases.Outrun(lbs, now) && b.leases.SeenWithin(lbs, now, maxDenyAge)
 			b.renewNow(lbs)
 			if outrun || b.leases.Short(lbs, now, rtt) {
 				return b.deadlineDenial(req, limits, level), nil
@@ -119,7 +131,8 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 	case <-ctx.Done():
 		if lc.state.CompareAndSwap(callPending, callAbandoned) {
 			err := fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, ctx.Err())
-			if paying && (b.leases.Outrun(lbs, b.opts.Now()) || b.leases.Short(lbs, b.opts.Now(), b.rtt.Ms())) {
+			now := b.opts.Now()
+			if paying && b.leases.SeenWithin(lbs, now, maxDenyAge) && (b.leases.Outrun(lbs, now) || b.leases.Short(lbs, now, b.rtt.Ms())) {
 				return b.deadlineDenial(req, limits, level), nil
 			}
 			return backend.Decision{}, err
@@ -208,12 +221,11 @@ func (b *Backend) settle(lc *leaseCall, err error) {
 	}
 }
 
-// settleLost counts as dropped what a lease call gave back and asked for
-// when its run failed: its outcome is unknown, and nobody will spend
-// what it may have moved.
+// settleLost counts as dropped what a lease call took out of its lease
+// to give back when its run failed: whether the run landed or not, the
+// lease no longer has it.
 func (b *Backend) settleLost(lc *leaseCall) {
 	b.leases.Drop(lc.p.call.back)
-	b.leases.Drop(lc.p.call.want)
 }
 
 // credit gives each lease of lbs what p's run granted it, with the bucket
@@ -312,7 +324,6 @@ func (b *Backend) background(ctx context.Context, lb backend.LeaseBucket[string]
 	start := time.Now()
 	if err := b.run(ctx, p); err != nil || p.err != nil {
 		b.leases.Drop(p.call.back)
-		b.leases.Drop(p.call.want)
 		return
 	}
 	b.rtt.Observe(time.Since(start))

@@ -254,3 +254,44 @@ func TestAbandonedLeaseCallWarmsTheKey(t *testing.T) {
 		t.Errorf("after Close the bucket holds %d millitokens, want 999000 (one admitted)", tk)
 	}
 }
+
+// Denials stay local: once a replica has seen its bucket unable to pay,
+// a flood over the limit costs no runs of the script, and is denied
+// exactly as one bucket would deny it.
+func TestLeasedDenialsStayLocal(t *testing.T) {
+	srv := redistest.Require(t)
+	clk := newFakeClock()
+	rb := newBackend(t, newClient(t, srv), Options{Now: clk.now, LeaseHorizon: 30 * time.Second})
+	l := specLimits(t, []bucket.Spec{{Name: "x", Rate: "1/h", Burst: ptr(int64(10))}})[0]
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{l}, Hits: 1}
+	admitted := 0
+	for range 10 {
+		r := req
+		d, err := rb.Decide(context.Background(), &r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			admitted++
+		}
+		waitLeases(t, rb)
+	}
+	if admitted != 10 {
+		t.Fatalf("%d of the burst of 10 admitted", admitted)
+	}
+	scripts := rb.Stats().Scripts.Load()
+	for i := range 100 {
+		clk.advance(1)
+		r := req
+		d, err := rb.Decide(context.Background(), &r)
+		if err != nil || d.Allowed {
+			t.Fatalf("call %d over the limit: %+v, %v", i, d, err)
+		}
+		if d.Results[0].Wait <= 0 {
+			t.Fatalf("call %d denied with wait %d", i, d.Results[0].Wait)
+		}
+	}
+	if n := rb.Stats().Scripts.Load() - scripts; n > 1 {
+		t.Errorf("100 denials ran the script %d times, want at most 1 (the first, to see the bucket)", n)
+	}
+}

@@ -75,4 +75,7 @@ func TestServeOnRedis(t *testing.T) {
 		}
 	}
 	checkMetricsDocumented(t, got, "redis")
+	if v := replicas[0].describe().Redis; v == nil || v.Scripts == 0 || v.Leases == nil || v.Leases.Horizon != "30s" {
+		t.Errorf("/debug/config shows no Redis runs or leases: %+v", v)
+	}
 }

@@ -130,7 +130,7 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.configCacheTTL, "config-cache-ttl", time.Minute, "dynamodb and redis backends: how long limits read from the store are reused; a change reaches the replica within this time")
 	f.BoolVar(&o.coalesceWrites, "coalesce-writes", true, "dynamodb and redis backends: decisions for a bucket that arrive while its write is in flight are decided together and written as one (redis: decisions on any bucket that arrive while the script is in flight share its next run)")
 	f.DurationVar(&o.denyStaleness, "deny-staleness", time.Second, "dynamodb backend: deny without calling DynamoDB from a bucket state seen at most this long ago; 0 turns it off")
-	f.DurationVar(&o.leaseHorizon, "lease-horizon", ddb.DefaultLeaseHorizon, "dynamodb backend: how long the tokens a replica leases from a bucket should last at its own demand (most decisions then need no DynamoDB call); 0 turns leases off: every allowed decision writes")
+	f.DurationVar(&o.leaseHorizon, "lease-horizon", ddb.DefaultLeaseHorizon, "dynamodb and redis backends: how long the tokens a replica leases from a bucket should last at its own demand (most decisions then need no call to the store); 0 turns leases off: every allowed decision writes")
 	f.IntVar(&o.memoryMaxBuckets, "memory-max-buckets", memory.DefaultMaxBuckets, "memory backend: most buckets held; least recently used go first")
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
 	f.BoolVar(&o.quotaMode, "quota-mode", false, "treat every limited descriptor as quota_mode does: over its limit, it fails a request only when all of the request's quota-mode descriptors are")
@@ -414,8 +414,12 @@ func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry, 
 		if err != nil {
 			return nil, err
 		}
+		if o.leaseHorizon < 0 {
+			return nil, usageError{fmt.Errorf("--lease-horizon %v: want 0 (off) or a positive duration", o.leaseHorizon)}
+		}
 		ro := redis.Options{KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier,
-			ConfigCacheTTL: o.configCacheTTL, OnBucketWrite: tel.BucketWritten, Call: tel.RedisCall}
+			ConfigCacheTTL: o.configCacheTTL, OnBucketWrite: tel.BucketWritten, Call: tel.RedisCall,
+			LeaseHorizon: o.leaseHorizon}
 		if !o.coalesceWrites {
 			ro.MaxBatch = 1
 		}
@@ -597,6 +601,7 @@ type configView struct {
 	Reloads     reloadView      `json:"reloads"`
 	Decisions   ratelimit.Stats `json:"decisions"`
 	DynamoDB    *dynamoDBView   `json:"dynamodb,omitempty"`
+	Redis       *redisView      `json:"redis,omitempty"`
 	Overload    overloadView    `json:"overload"`
 }
 
@@ -643,8 +648,32 @@ type leaseView struct {
 	Leased      float64 `json:"leased"`
 	Returned    float64 `json:"returned"`
 	Dropped     float64 `json:"dropped"`
+	Cut         float64 `json:"cut"`
 	Outstanding float64 `json:"outstanding"`
 	Writes      uint64  `json:"writes"`
+}
+
+// redisView shows what the Redis backend has done so far: runs of the
+// decision script and those that failed, decisions that went in another's
+// run, config cache use, and, with leases, decisions answered from them,
+// denials at the deadline and the leases.
+type redisView struct {
+	Scripts         uint64     `json:"scripts"`
+	ScriptErrors    uint64     `json:"script_errors"`
+	Coalesced       uint64     `json:"coalesced_decisions"`
+	CacheHits       uint64     `json:"config_cache_hits"`
+	CacheMisses     uint64     `json:"config_cache_misses"`
+	LocalAnswers    uint64     `json:"local_answers"`
+	DeadlineDenials uint64     `json:"deadline_denials"`
+	Leases          *leaseView `json:"leases,omitempty"`
+}
+
+// describeLeases is what /debug/config shows of a backend's leases.
+func describeLeases(horizon time.Duration, st *backend.LeaseStats) leaseView {
+	return leaseView{Horizon: horizon.String(),
+		Leased: float64(st.Leased.Load()) / 1000, Returned: float64(st.Returned.Load()) / 1000,
+		Dropped: float64(st.LeaseDropped.Load()) / 1000, Cut: float64(st.LeaseCut.Load()) / 1000, Outstanding: float64(st.LeaseOutstanding.Load()) / 1000,
+		Writes: st.LeaseWrites.Load()}
 }
 
 type reloadView struct {
@@ -690,10 +719,17 @@ func (s *server) describe() configView {
 			ConditionRetries: st.ConditionRetries.Load(),
 			LocalAnswers:     st.LocalAnswers.Load(), Coalesced: st.Coalesced.Load(),
 			Contended: st.Contended.Load(), DeadlineDenials: st.DeadlineDenials.Load(),
-			Leases: leaseView{Horizon: d.LeaseHorizon().String(),
-				Leased: float64(st.Leased.Load()) / 1000, Returned: float64(st.Returned.Load()) / 1000,
-				Dropped: float64(st.LeaseDropped.Load()) / 1000, Outstanding: float64(st.LeaseOutstanding.Load()) / 1000,
-				Writes: st.LeaseWrites.Load()},
+			Leases: describeLeases(d.LeaseHorizon(), &st.LeaseStats),
+		}
+	}
+	if r, ok := be.(redisServed); ok {
+		st := r.Stats()
+		v.Redis = &redisView{Scripts: st.Scripts.Load(), ScriptErrors: st.ScriptErrors.Load(),
+			Coalesced: st.Coalesced.Load(), CacheHits: st.CacheHits.Load(), CacheMisses: st.CacheMisses.Load(),
+			LocalAnswers: st.LocalAnswers.Load(), DeadlineDenials: st.DeadlineDenials.Load()}
+		if h := r.LeaseHorizon(); h > 0 {
+			l := describeLeases(h, &st.LeaseStats)
+			v.Redis.Leases = &l
 		}
 	}
 	for _, r := range cfg.Rules() {
