@@ -7,7 +7,6 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -97,17 +96,10 @@ type Backend struct {
 	stats *Stats
 	// leases is nil when leases are off.
 	leases *backend.Leases[bucketKey]
-	// bg is the context of the background work (renewals, returns, the
-	// sweep, detached writes), cancelled by Close once the writes in
-	// flight have had closeTimeout to land; stopSweep ends the sweep at
-	// once. bgMu guards closed and bgWG's Add.
-	bg        context.Context
-	stopBG    context.CancelFunc
-	stopSweep context.CancelFunc
-	bgMu      sync.Mutex
-	closed    bool
-	bgWG      sync.WaitGroup
-	closeErr  error
+	// bg runs the work that outlives calls (renewals, returns, the
+	// sweep, detached writes) until Close.
+	bg       *backend.Background
+	closeErr error
 }
 
 // DefaultLeaseHorizon is how long a lease lasts at steady demand unless
@@ -170,30 +162,12 @@ func New(api API, opts Options) (*Backend, error) {
 		api: api, table: opts.Table, keys: keys, opts: opts, now: opts.Now, seen: seen, stats: stats, lanes: newLanes(opts.MaxBatch),
 		records: newRecords(api, opts.Table, keys, opts.ConfigCacheSize, opts.ConfigCacheTTL, opts.Now, stats),
 	}
-	b.bg, b.stopBG = context.WithCancel(context.Background())
+	b.bg = backend.NewBackground()
 	if opts.LeaseHorizon > 0 {
 		b.leases = backend.NewLeases(lease.Policy{Horizon: opts.LeaseHorizon.Milliseconds(), Share: opts.LeaseShare}, &stats.LeaseStats, less)
-		var sweep context.Context
-		sweep, b.stopSweep = context.WithCancel(b.bg)
-		b.goBackground(func() { b.sweep(sweep) })
+		b.bg.Go(func() { b.leases.Sweep(b.bg.SweepContext(), b.now, b.returnLease) })
 	}
 	return b, nil
-}
-
-// goBackground runs fn on a goroutine Close waits for, unless Close has
-// begun; it reports whether it did.
-func (b *Backend) goBackground(fn func()) bool {
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
-	if b.closed {
-		return false
-	}
-	b.bgWG.Add(1)
-	go func() {
-		defer b.bgWG.Done()
-		fn()
-	}()
-	return true
 }
 
 // closeTimeout bounds how long Close waits for the writes in flight, and
@@ -217,30 +191,12 @@ func (b *Backend) Stats() *Stats { return b.stats }
 // under way when it is called may fail; the Backend must not be used
 // after it. A second Close does nothing.
 func (b *Backend) Close() error {
-	b.bgMu.Lock()
-	if b.closed {
-		b.bgMu.Unlock()
+	if !b.bg.Close(closeTimeout) {
 		return b.closeErr
 	}
-	b.closed = true
-	b.bgMu.Unlock()
-	if b.stopSweep != nil {
-		b.stopSweep()
-	}
-	// The writes in flight land before anything is cancelled: a write
-	// cancelled once sent may still take its tokens from the table, and
-	// nobody would be left to spend or return them.
-	drained := make(chan struct{})
-	go func() { b.bgWG.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(closeTimeout):
-	}
-	b.stopBG()
-	<-drained
 	if b.leases != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		b.returnAll(ctx, b.leases.All())
+		b.leases.ReturnAll(ctx, b.leases.All(), b.returnLease)
 		cancel()
 		if left := b.stats.LeaseOutstanding.Load(); left > 0 {
 			b.closeErr = fmt.Errorf("dynamodb backend: %d millitokens of leases could not be returned", left)
@@ -392,12 +348,12 @@ func (b *Backend) detach(ts []target, keys []bucketKey, batch []*call) bool {
 	// The batch's own targets: its caller may stop waiting and go on
 	// with its own.
 	ts = slices.Clone(ts)
-	return b.goBackground(func() {
+	return b.bg.Go(func() {
 		defer b.lanes.leave(keys...)
 		defer answer(batch)
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), backgroundTimeout)
 		defer cancel()
-		stop := context.AfterFunc(b.bg, cancel)
+		stop := context.AfterFunc(b.bg.Context(), cancel)
 		defer stop()
 		b.decideBatch(ctx, ts, batch)
 	})
@@ -423,7 +379,7 @@ func (b *Backend) renewNow(ts []target) {
 	for i := range ts {
 		if lb := ts[i].leased(); b.leases.StartRenewal(&lb) {
 			r := targetOf(lb)
-			b.goBackground(func() { b.background(b.bg, r, renewal) })
+			b.bg.Go(func() { b.background(b.bg.Context(), r, renewal) })
 		}
 	}
 }

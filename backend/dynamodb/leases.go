@@ -2,7 +2,6 @@ package dynamodb
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/sluice-rl/sluice/backend"
@@ -42,37 +41,9 @@ func targetOf(lb backend.LeaseBucket[bucketKey]) target {
 	return target{key: lb.Key, res: lb.Res, fp: lb.FP}
 }
 
-// sweep returns the leases due, every quarter horizon (at most a second
-// apart), until ctx ends.
-func (b *Backend) sweep(ctx context.Context) {
-	every := min(max(time.Duration(b.leases.Horizon())*time.Millisecond/4, 10*time.Millisecond), time.Second)
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		b.returnAll(ctx, b.leases.Due(b.now()))
-	}
-}
-
-// returnAll gives the leases of lbs back to their buckets, a few at a
-// time, each within backgroundTimeout and ctx.
-func (b *Backend) returnAll(ctx context.Context, lbs []backend.LeaseBucket[bucketKey]) {
-	const parallel = 8
-	sem := make(chan struct{}, parallel)
-	var wg sync.WaitGroup
-	for _, lb := range lbs {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			b.background(ctx, targetOf(lb), giveBack)
-		}()
-	}
-	wg.Wait()
+// returnLease gives lb's lease back to its bucket (Leases.Sweep, Close).
+func (b *Backend) returnLease(ctx context.Context, lb backend.LeaseBucket[bucketKey]) {
+	b.background(ctx, targetOf(lb), giveBack)
 }
 
 // backgroundTimeout bounds a renewal's or a return's write, and a
@@ -112,7 +83,7 @@ func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level, 
 	}
 	for _, lb := range renew {
 		t := targetOf(lb)
-		b.goBackground(func() { b.background(b.bg, t, renewal) })
+		b.bg.Go(func() { b.background(b.bg.Context(), t, renewal) })
 	}
 	var limits []bucket.Limit
 	for i := range ts {

@@ -27,11 +27,7 @@ func writes(b *Backend) uint64 {
 // crash stops b as a killed process stops: its background work ends and
 // its leases are never returned.
 func crash(b *Backend) {
-	b.bgMu.Lock()
-	b.closed = true
-	b.bgMu.Unlock()
-	b.stopBG()
-	b.bgWG.Wait()
+	b.bg.Close(0)
 }
 
 // waitBackground waits until no renewal or return of b runs, so that a

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -110,16 +109,9 @@ type Backend struct {
 	// of a run of the script.
 	leases *backend.Leases[string]
 	rtt    backend.RoundTrip
-	// bg is the context of the background work (lease calls whose
-	// callers may have gone, renewals, returns, the sweep), cancelled by
-	// Close once the runs in flight have had closeTimeout to land;
-	// stopSweep ends the sweep at once. bgMu guards closed and bgWG's Add.
-	bg        context.Context
-	stopBG    context.CancelFunc
-	stopSweep context.CancelFunc
-	bgMu      sync.Mutex
-	closed    bool
-	bgWG      sync.WaitGroup
+	// bg runs the work that outlives calls (lease calls whose callers
+	// may have gone, renewals, returns, the sweep) until Close.
+	bg *backend.Background
 }
 
 // New returns a Backend on client. It does not call Redis; see Ping.
@@ -153,13 +145,11 @@ func New(client rueidis.Client, opts Options) (*Backend, error) {
 	if opts.MaxBatch > 1 {
 		b.batches = newBatcher(opts.MaxBatch, b.script1)
 	}
-	b.bg, b.stopBG = context.WithCancel(context.Background())
+	b.bg = backend.NewBackground()
 	if opts.LeaseHorizon > 0 {
 		b.leases = backend.NewLeases(lease.Policy{Horizon: opts.LeaseHorizon.Milliseconds(), Share: opts.LeaseShare},
 			&stats.LeaseStats, func(x, y string) bool { return x < y })
-		var sweep context.Context
-		sweep, b.stopSweep = context.WithCancel(b.bg)
-		b.goBackground(func() { b.sweep(sweep) })
+		b.bg.Go(func() { b.leases.Sweep(b.bg.SweepContext(), opts.Now, b.returnLease) })
 	}
 	return b, nil
 }
@@ -184,13 +174,10 @@ func (b *Backend) LeaseHorizon() time.Duration {
 // work in the background. It does not close the client, which must stay
 // open until Close returns; the Backend must not be used after it.
 func (b *Backend) Close() error {
-	b.bgMu.Lock()
-	closed := b.closed
-	b.bgMu.Unlock()
-	if closed {
+	if !b.bg.Close(closeTimeout) {
 		return nil
 	}
-	err := b.closeLeases()
+	err := b.returnLeases()
 	b.records.close()
 	return err
 }

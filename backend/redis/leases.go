@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -173,11 +172,11 @@ type leaseCall struct {
 // by its caller's deadline still lands, and what it took goes into the
 // lease. It reports false, having done nothing, once Close has begun.
 func (b *Backend) detach(ctx context.Context, lc *leaseCall) bool {
-	return b.goBackground(func() {
+	return b.bg.Go(func() {
 		defer close(lc.done)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundTimeout)
 		defer cancel()
-		stop := context.AfterFunc(b.bg, cancel)
+		stop := context.AfterFunc(b.bg.Context(), cancel)
 		defer stop()
 		lc.p.ctx = rctx
 		start := time.Now()
@@ -282,7 +281,7 @@ func (b *Backend) deadlineDenial(req *backend.Request, limits []bucket.Limit, le
 // renew starts a renewal of each lease of lbs (marked busy by Spend).
 func (b *Backend) renew(lbs []backend.LeaseBucket[string]) {
 	for _, lb := range lbs {
-		if !b.goBackground(func() { b.background(b.bg, lb, false) }) {
+		if !b.bg.Go(func() { b.background(b.bg.Context(), lb, false) }) {
 			b.leases.Idle(lb.Key)
 		}
 	}
@@ -330,78 +329,20 @@ func (b *Backend) background(ctx context.Context, lb backend.LeaseBucket[string]
 	b.credit([]backend.LeaseBucket[string]{lb}, p, p.now)
 }
 
-// goBackground runs fn on a goroutine of its own that Close waits for,
-// unless Close has begun (false).
-func (b *Backend) goBackground(fn func()) bool {
-	b.bgMu.Lock()
-	defer b.bgMu.Unlock()
-	if b.closed {
-		return false
-	}
-	b.bgWG.Add(1)
-	go func() {
-		defer b.bgWG.Done()
-		fn()
-	}()
-	return true
+// returnLease gives lb's lease back to its bucket (Leases.Sweep, Close).
+func (b *Backend) returnLease(ctx context.Context, lb backend.LeaseBucket[string]) {
+	b.background(ctx, lb, true)
 }
 
-// sweep returns the leases due, every quarter horizon (at most a second
-// apart), until ctx ends.
-func (b *Backend) sweep(ctx context.Context) {
-	every := min(max(time.Duration(b.leases.Horizon())*time.Millisecond/4, 10*time.Millisecond), time.Second)
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		b.returnAll(ctx, b.leases.Due(b.opts.Now()))
-	}
-}
-
-// returnAll gives the leases of lbs back to their buckets, a few at a
-// time, each within backgroundTimeout and ctx.
-func (b *Backend) returnAll(ctx context.Context, lbs []backend.LeaseBucket[string]) {
-	const parallel = 8
-	sem := make(chan struct{}, parallel)
-	var wg sync.WaitGroup
-	for _, lb := range lbs {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			b.background(ctx, lb, true)
-		})
-	}
-	wg.Wait()
-}
-
-// closeLeases ends the sweep, lets the runs in flight land (within
-// closeTimeout: one cancelled once sent could move tokens nobody would
-// then spend or return), and gives every lease back.
-func (b *Backend) closeLeases() error {
-	b.bgMu.Lock()
-	b.closed = true
-	b.bgMu.Unlock()
-	if b.stopSweep != nil {
-		b.stopSweep()
-	}
-	drained := make(chan struct{})
-	go func() { b.bgWG.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(closeTimeout):
-	}
-	b.stopBG()
-	<-drained
+// returnLeases gives every lease back, once the runs in flight have
+// landed (Background.Close).
+func (b *Backend) returnLeases() error {
 	if b.leases == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
-	b.returnAll(ctx, b.leases.All())
+	b.leases.ReturnAll(ctx, b.leases.All(), b.returnLease)
 	if left := b.stats.LeaseOutstanding.Load(); left > 0 {
 		return fmt.Errorf("redis backend: %d millitokens of leases could not be returned", left)
 	}
