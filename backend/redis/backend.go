@@ -352,7 +352,7 @@ func (b *Backend) script1(batch []*pending) {
 			if p.err = r.err; p.err == nil {
 				p.allowed, p.after = r.allowed[at[i].call], r.after[at[i].call]
 				if r.granted != nil {
-					p.granted = r.granted[at[i].call]
+					p.granted, p.cut = r.granted[at[i].call], r.cut[at[i].call]
 				}
 			}
 		}

@@ -64,6 +64,7 @@ type pending struct {
 	allowed bool
 	after   []bucket.State
 	granted []int64 // a lease call's grant, per limit
+	cut     []int64 // what the burst cut off what it gave back
 	err     error
 }
 

@@ -48,8 +48,8 @@
 --
 -- Reply, per group: "ok", then per call allowed (1 or 0) and per key and
 -- limit the tokens and clock after it, as integers, and for a lease call
--- then per key and limit the grant it took and the consumed total after
--- it; or, when a key of the group holds something other than a hash,
+-- then per key and limit the grant it took, the consumed total after it
+-- and what the burst cut off what it gave back; or, when a key of the group holds something other than a hash,
 -- Redis's error, and the group changes nothing (the other groups go on).
 -- A lease's grant leaves the bucket like an admission: it counts in the
 -- consumed total when it is taken, and what comes back adds to the
@@ -109,7 +109,7 @@ local reply, nr = {}, 0
 -- Per group, reused: the buckets' keys, layouts, ttls, first limits and
 -- staleness; per limit its layout entry, state and what calls spent.
 local bkey, blay, bttl, bfirst, bstale = {}, {}, {}, {}, {}
-local lims, tks, rfs, tcs, spent, costs, grants = {}, {}, {}, {}, {}, {}, {}
+local lims, tks, rfs, tcs, spent, costs, grants, cuts = {}, {}, {}, {}, {}, {}, {}, {}
 local set = {}
 
 -- take moves amount out of limit j's bucket (of the group in hand),
@@ -126,12 +126,14 @@ local function take(j, amount)
   end
 end
 
--- give puts amount back into limit j's bucket, never above its burst.
+-- give puts amount back into limit j's bucket, never above its burst,
+-- and returns what the burst cut off.
 local function give(j, amount, now)
   local burst = lims[j].burst
-  local tk = tks[j] + amount
-  if tk >= burst then tk, rfs[j] = burst, now end
+  local tk, cut = tks[j] + amount, 0
+  if tk >= burst then tk, rfs[j], cut = burst, now, tk - burst end
   tks[j] = tk
+  return cut
 end
 
 -- consumedNow is limit j's consumed total with what the group took so
@@ -232,7 +234,8 @@ local function group(now, layouts, at, key)
         -- then the grant, in whole tokens, from what the bucket holds.
         for j = 1, n do
           local back = num(ARGV[at + n + j])
-          if back > 0 then write = true; give(j, back, now) end
+          cuts[j] = 0
+          if back > 0 then write = true; cuts[j] = give(j, back, now) end
         end
       end
       for j = 1, n do
@@ -263,11 +266,12 @@ local function group(now, layouts, at, key)
       nr = nr + 2
     end
     if mode == 'l' then
-      -- Then per limit the grant and the consumed total after it (for
-      -- the fleet's demand; approximate past 2^53).
+      -- Then per limit the grant, the consumed total after it (for
+      -- the fleet's demand; approximate past 2^53), and what the burst
+      -- cut off what the lease gave back.
       for j = 1, n do
-        reply[nr + 1] = grants[j]; reply[nr + 2] = consumedNow(j)
-        nr = nr + 2
+        reply[nr + 1] = grants[j]; reply[nr + 2] = consumedNow(j); reply[nr + 3] = cuts[j]
+        nr = nr + 3
       end
       at = at + 1 + 3 * n
     else

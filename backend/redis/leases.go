@@ -228,7 +228,8 @@ func (b *Backend) settleLost(lc *leaseCall) {
 }
 
 // credit gives each lease of lbs what p's run granted it, with the bucket
-// as the run left it, and counts what p gave back.
+// as the run left it, and counts what p gave back, and what of it the
+// burst cut off (a bucket that refilled while the lease was out).
 func (b *Backend) credit(lbs []backend.LeaseBucket[string], p *pending, now int64) {
 	off := 0
 	for i := range lbs {
@@ -243,12 +244,17 @@ func (b *Backend) credit(lbs []backend.LeaseBucket[string], p *pending, now int6
 			grant = p.granted[off : off+n : off+n]
 		}
 		b.leases.Credit(lb, grant, v, nil, now)
-		var back uint64
-		for _, t := range p.call.back[min(off, len(p.call.back)):min(off+n, len(p.call.back))] {
-			back += uint64(max(t, 0))
-		}
-		if back > 0 {
-			b.stats.Returned.Add(back)
+		for j := off; j < off+n && j < len(p.call.back); j++ {
+			var cut int64
+			if j < len(p.cut) {
+				cut = p.cut[j]
+			}
+			if back := p.call.back[j] - cut; back > 0 {
+				b.stats.Returned.Add(uint64(back))
+			}
+			if cut > 0 {
+				b.stats.LeaseCut.Add(uint64(cut))
+			}
 		}
 		off += n
 	}

@@ -25,19 +25,19 @@ func TestScriptLeaseCall(t *testing.T) {
 	l := bucket.Limit{Name: "x", Amount: 10 * bucket.Milli, Period: 1000, Burst: 10 * bucket.Milli}
 	b := scriptBucket{key: "{lease}:a", cfg: bucket.Fingerprint([]bucket.Limit{l}), limits: []bucket.Limit{l}}
 	const now = 1_700_000_000_000
-	call := func(cost, back, want int64) (bool, int64, int64, int64) {
+	call := func(cost, back, want int64) (bool, int64, int64, int64, int64) {
 		t.Helper()
 		r := runScript(t, c, now, []scriptGroup{{buckets: []scriptBucket{b},
 			calls: []scriptCall{{lease: true, costs: []int64{cost}, back: []int64{back}, want: []int64{want}}}}})
 		if r[0].err != nil {
 			t.Fatal(r[0].err)
 		}
-		return r[0].allowed[0], r[0].after[0][0].Tokens, r[0].granted[0][0], r[0].after[0][0].Consumed
+		return r[0].allowed[0], r[0].after[0][0].Tokens, r[0].granted[0][0], r[0].after[0][0].Consumed, r[0].cut[0][0]
 	}
 	for i, c := range []struct {
-		cost, back, want          int64
-		allowed                   bool
-		tokens, granted, consumed int64
+		cost, back, want               int64
+		allowed                        bool
+		tokens, granted, consumed, cut int64
 	}{
 		{cost: 1000, want: 5000, allowed: true, tokens: 4000, granted: 5000, consumed: 6000},
 		// 4 + 5 back = 9, less 1 = 8: all 8 granted of the 100 asked.
@@ -45,12 +45,12 @@ func TestScriptLeaseCall(t *testing.T) {
 		{cost: 1000, want: 5000, allowed: false, tokens: 0, granted: 0, consumed: 15_000},
 		// 20 back to a bucket of 10: capped at the burst; then half a
 		// token less grants only whole tokens.
-		{cost: 500, back: 20_000, want: 100_000, allowed: true, tokens: 500, granted: 9000, consumed: 24_500},
+		{cost: 500, back: 20_000, want: 100_000, allowed: true, tokens: 500, granted: 9000, consumed: 24_500, cut: 10_000},
 	} {
-		allowed, tokens, granted, consumed := call(c.cost, c.back, c.want)
-		if allowed != c.allowed || tokens != c.tokens || granted != c.granted || consumed != c.consumed {
-			t.Errorf("call %d: allowed %v, tokens %d, granted %d, consumed %d; want %v, %d, %d, %d",
-				i, allowed, tokens, granted, consumed, c.allowed, c.tokens, c.granted, c.consumed)
+		allowed, tokens, granted, consumed, cut := call(c.cost, c.back, c.want)
+		if allowed != c.allowed || tokens != c.tokens || granted != c.granted || consumed != c.consumed || cut != c.cut {
+			t.Errorf("call %d: allowed %v, tokens %d, granted %d, consumed %d, cut %d; want %v, %d, %d, %d, %d",
+				i, allowed, tokens, granted, consumed, cut, c.allowed, c.tokens, c.granted, c.consumed, c.cut)
 		}
 	}
 	if got := consumedOf(t, srv, b.key, l); got != 24_500 {
@@ -211,6 +211,22 @@ func TestFarRedisAtTheLimit(t *testing.T) {
 	}
 	if late.Load() > total/100 {
 		t.Errorf("%d of %d calls answered past their deadline, want at most 1%%", late.Load(), total)
+	}
+	// Every token the bucket's consumed total counts was admitted, given
+	// back by a lease, cut by the burst on its way back, or dropped by a
+	// run whose outcome its replica could not know: after Close, to the
+	// millitoken.
+	var back, cut, dropped int64
+	for _, b := range replicas {
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s := b.Stats()
+		back, cut, dropped = back+int64(s.Returned.Load()), cut+int64(s.LeaseCut.Load()), dropped+int64(s.LeaseDropped.Load())
+	}
+	tc := consumedOf(t, srv, replicas[0].keys.Bucket("far", "r", ""), l)
+	if want := int64(got)*bucket.Milli + back + cut + dropped; tc != want {
+		t.Errorf("consumed %d millitokens, but admitted %.0f tokens + returned %d + cut %d + dropped %d = %d", tc, got, back, cut, dropped, want)
 	}
 }
 

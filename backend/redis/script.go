@@ -60,13 +60,14 @@ func (g scriptGroup) limits() int {
 // groupReply is what a run did to one group: per call, whether it was
 // allowed and each limit's state after it (tokens and clock; for a lease
 // call, the consumed total too) and, for a lease call, the grant it took
-// per limit; or err, when Redis refused the group's keys and the group
+// per limit and what the burst cut off what it gave back; or err, when Redis refused the group's keys and the group
 // changed nothing.
 type groupReply struct {
 	err     error
 	allowed []bool
 	after   [][]bucket.State
 	granted [][]int64
+	cut     [][]int64
 }
 
 // scriptArgs lays out the keys and arguments of one run of decideLua:
@@ -222,7 +223,7 @@ func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupRepl
 		need := nc * (1 + 2*nlimits)
 		for _, c := range g.calls {
 			if c.lease && !c.refund {
-				need += 2 * nlimits
+				need += 3 * nlimits
 			}
 		}
 		if len(reply)-at < need {
@@ -251,12 +252,13 @@ func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupRepl
 			}
 			if g.calls[c].lease && !g.calls[c].refund {
 				if r.granted == nil {
-					r.granted = make([][]int64, nc)
+					r.granted, r.cut = make([][]int64, nc), make([][]int64, nc)
 				}
-				r.granted[c] = make([]int64, nlimits)
+				r.granted[c], r.cut[c] = make([]int64, nlimits), make([]int64, nlimits)
 				for i := range nlimits {
 					r.granted[c][i] = next()
 					r.after[c][i].Consumed = next()
+					r.cut[c][i] = next()
 				}
 			}
 		}
