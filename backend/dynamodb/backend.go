@@ -279,7 +279,8 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		// No write can be back before this call's deadline: waiting for
 		// one would only answer it late. It is answered now, and the
 		// lease is renewed for the calls after it. Where the lease has
-		// been spent and its next grant is on the way, the lease is what
+		// been spent and its next grant is on the way (this call starts
+		// its renewal if none is under way yet), the lease is what
 		// this replica may admit until that grant lands, as a quota
 		// client's assignment is: the call is denied, as long as the
 		// table answered lately (MaxDenyStaleness). The failure policy
@@ -288,9 +289,8 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		// stopped answering).
 		b.loadSeen(ts)
 		now := b.now()
-		outrun := b.leases.Outrun(leasedAll(ts), now) && b.recentEnough(ts, now)
 		b.renewNow(ts)
-		if outrun {
+		if b.leases.Outrun(leasedAll(ts), now) && b.recentEnough(ts, now) {
 			return b.deadlineDenial(ts, req, level), nil
 		}
 		return b.gaveUp(ts, req, level, fmt.Errorf("bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach))

@@ -93,9 +93,8 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 			// admit until it lands; a lease that could not last a round
 			// trip marks a bucket at its limit: both deny, while Redis
 			// answered lately. Anything else is for the failure policy.
-			outrun := b.leases.Outrun(lbs, now) && b.leases.SeenWithin(lbs, now, maxDenyAge)
 			b.renewNow(lbs)
-			if outrun || b.leases.Short(lbs, now, rtt) {
+			if b.leases.SeenWithin(lbs, now, maxDenyAge) && (b.leases.Outrun(lbs, now) || b.leases.Short(lbs, now, rtt)) {
 				return b.deadlineDenial(req, limits, level), nil
 			}
 			return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach)
