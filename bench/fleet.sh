@@ -36,6 +36,13 @@
 #   TABLE               table name (default sluice-bench)
 #   DYNAMODB_LOCAL_JAR  DynamoDBLocal.jar to run instead of the one
 #                       `make dynamodb-local` puts under .cache/
+#   WARM_STORE          with BACKEND=dynamodb: a Go duration for which a
+#                       throwaway replica (leases off) writes 1,000 keys of
+#                       its own before the fleet starts, so that DynamoDB
+#                       Local's JVM has compiled its write path: a real
+#                       table is not warming up while a fleet deploys, and
+#                       a fresh emulator's first seconds are mostly its own
+#                       (default: none)
 #   KEEP_LOGS           set to 1 to keep the logs directory after a run
 #                       that worked (it is always kept after a failure)
 #
@@ -214,6 +221,25 @@ elif [[ $backend == redis ]]; then
 		echo "fleet.sh: $redis_delay added to every Redis round trip, through $redis_addr" >&2
 	fi
 	backend_args=(--backend redis --redis-url "redis://$redis_addr")
+fi
+if [[ -n ${WARM_STORE:-} && $backend == dynamodb ]]; then
+	# The fleet's first replica's ports, free again once it is gone.
+	warm_grpc=127.0.0.1:${ports[1]}
+	warm_http=127.0.0.1:${ports[2]}
+	bin/sluice serve "${backend_args[@]}" --lease-horizon 0 \
+		--config-dir bench/rules --grpc-addr "$warm_grpc" --http-addr "$warm_http" --debug-addr '' \
+		>"$logs/warm-store.log" 2>&1 &
+	warm_pid=$!
+	wait_for warm-store "$warm_pid" http_ok "http://$warm_http/readyz"
+	bin/sluice-bench -addr "$warm_grpc" -domain bench -descriptor bench_key=warm -keys 1000 -dist uniform \
+		-concurrency 16 -warmup 0 -duration "$WARM_STORE" >"$logs/warm-store-bench.log" 2>&1 || {
+		echo "fleet.sh: warming the store failed:" >&2
+		cat "$logs/warm-store-bench.log" >&2
+		exit 1
+	}
+	kill "$warm_pid"
+	wait "$warm_pid" 2>/dev/null || true
+	echo "fleet.sh: DynamoDB Local warmed for $WARM_STORE by a throwaway replica" >&2
 fi
 first_replica=${#pids[@]}
 

@@ -82,6 +82,9 @@ declare -A load_args=(
 	# measured from 4 s after the replicas are ready; zipf-3000 the same
 	# on 3,000 keys from 30 s.
 	[zipf-start]="-descriptor bench_key=z -keys 300 -dist zipf -rate 1000 -concurrency 64 -warmup 4s -series 1s"
+	# zipf-start-warm: the same on a DynamoDB Local warmed first
+	# (WARM_STORE, below), as a real table is while a fleet deploys.
+	[zipf-start-warm]="-descriptor bench_key=z -keys 300 -dist zipf -rate 1000 -concurrency 64 -warmup 4s -series 1s"
 	[zipf-3000]="-descriptor bench_key=z -keys 3000 -dist zipf -rate 1000 -concurrency 64 -warmup 30s -series 1s"
 	# far-zipf: the same paced load with the store 70 ms away, from 30 s.
 	[far-zipf]="-descriptor bench_key=z -keys 300 -dist zipf -rate 1000 -concurrency 64 -warmup 30s -series 1s"
@@ -97,6 +100,7 @@ declare -A load_replicas=(
 	[warm-1]=1
 	[hot-cold-6]=6
 	[zipf-start]=3
+	[zipf-start-warm]=3
 	[zipf-3000]=3
 	[far-zipf]=3
 	[far-limit]=3
@@ -106,9 +110,16 @@ declare -A load_replicas=(
 declare -A load_delay=(
 	[hot-cold-6]=5ms
 	[zipf-start]=5ms
+	[zipf-start-warm]=5ms
 	[zipf-3000]=5ms
 	[far-zipf]=70ms
 	[far-limit]=70ms
+)
+# How long the store is warmed before the fleet starts (fleet.sh's
+# WARM_STORE), for the loads that measure a fleet's start on a store that
+# is not itself starting.
+declare -A load_warm=(
+	[zipf-start-warm]=20s
 )
 # The measured time of a load that needs its own, unless DURATION is set.
 declare -A load_duration=(
@@ -145,6 +156,7 @@ for load in $loads; do
 		echo "matrix.sh: $load, $config, $replicas replica(s), $duration" >&2
 		# shellcheck disable=SC2086 # the argument lists are word lists
 		REPLICAS=$replicas BACKEND=$backend DYNAMODB_DELAY=$delay REDIS_DELAY=$redis_delay SERVE_ARGS="${config_args[$config]}" \
+			WARM_STORE=${load_warm[$load]:-} \
 			bench/fleet.sh -domain bench -duration "$duration" -warmup "$warmup" ${load_args[$load]} -json |
 			python3 -c 'import json,sys; [print(json.dumps(dict(json.loads(l), load=sys.argv[1], serve=sys.argv[2], serve_args=sys.argv[3], replicas=int(sys.argv[4]), dynamodb_delay=sys.argv[5], backend=sys.argv[6], redis_delay=sys.argv[7]))) for l in sys.stdin if l.strip()]' \
 				"$load" "$config" "${config_args[$config]}" "$replicas" "$delay" "$backend" "$redis_delay" >>"$out"
