@@ -102,6 +102,7 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 	}
 	p := &pending{buckets: bs}
 	p.call = scriptCall{refund: req.Refund, lease: !req.Refund, costs: costs(req, limits, p.costBuf[:0])}
+	lc := &leaseCall{p: p, lbs: lbs, req: req, limits: limits, done: make(chan struct{})}
 	if !req.Refund {
 		off := 0
 		for i := range lbs {
@@ -111,7 +112,14 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 				back = make([]int64, n)
 			}
 			p.call.back = append(p.call.back, back...)
-			want := b.leases.Wants(&lbs[i], p.call.costs[off:off+n], now, rtt)
+			// One grant on the way per lease: the calls that miss it
+			// together (one run, or runs in flight at once) would each
+			// take a lease's worth, and the replica would hold many.
+			var want []int64
+			if b.leases.StartRenewal(&lbs[i]) {
+				lc.granting = append(lc.granting, lbs[i].Key)
+				want = b.leases.Wants(&lbs[i], p.call.costs[off:off+n], now, rtt)
+			}
 			if want == nil {
 				want = make([]int64, n)
 			}
@@ -119,8 +127,8 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 			off += n
 		}
 	}
-	lc := &leaseCall{p: p, lbs: lbs, req: req, limits: limits, done: make(chan struct{})}
 	if !b.detach(ctx, lc) {
+		b.idle(lc)
 		b.settleLost(lc)
 		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, errClosed)
 	}
@@ -159,8 +167,11 @@ type leaseCall struct {
 	lbs    []backend.LeaseBucket[string]
 	req    *backend.Request
 	limits []bucket.Limit
-	state  atomic.Int32
-	done   chan struct{}
+	// granting are the leases whose grant this call asks for (marked
+	// busy, as a renewal, until it is credited).
+	granting []string
+	state    atomic.Int32
+	done     chan struct{}
 	// The answer, set before done closes.
 	results []bucket.Result
 	err     error
@@ -173,6 +184,7 @@ type leaseCall struct {
 func (b *Backend) detach(ctx context.Context, lc *leaseCall) bool {
 	return b.bg.Go(func() {
 		defer close(lc.done)
+		defer b.idle(lc)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), backgroundTimeout)
 		defer cancel()
 		stop := context.AfterFunc(b.bg.Context(), cancel)
@@ -216,6 +228,13 @@ func (b *Backend) settle(lc *leaseCall, err error) {
 			b.leases.Add(&lc.lbs[i], p.call.costs[off:off+n], b.opts.Now())
 			off += n
 		}
+	}
+}
+
+// idle clears the marks of the leases lc asked a grant for.
+func (b *Backend) idle(lc *leaseCall) {
+	for _, k := range lc.granting {
+		b.leases.Idle(k)
 	}
 }
 

@@ -311,3 +311,28 @@ func TestLeasedDenialsStayLocal(t *testing.T) {
 		t.Errorf("100 denials ran the script %d times, want at most 1 (the first, to see the bucket)", n)
 	}
 }
+
+// Calls that miss a lease together ask for one grant between them: a
+// replica's leases stay within the policy's share of the burst however
+// many of its callers find a key cold at once.
+func TestColdCallsShareOneGrant(t *testing.T) {
+	srv := redistest.Require(t)
+	rb := newBackend(t, newClient(t, srv), Options{LeaseHorizon: 30 * time.Second, Call: farCall(20 * time.Millisecond)})
+	l := specLimits(t, []bucket.Spec{{Name: "x", Rate: "1/h", Burst: ptr(int64(100_000))}})[0]
+	req := backend.Request{Entity: "cold", Resource: "r", Defaults: []bucket.Limit{l}, Hits: 1}
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			r := req
+			if d, err := rb.Decide(context.Background(), &r); err != nil || !d.Allowed {
+				t.Errorf("a cold call: %+v, %v", d, err)
+			}
+		})
+	}
+	wg.Wait()
+	waitLeases(t, rb)
+	// The policy's cap: a tenth of the burst for the whole fleet.
+	if held, most := rb.Stats().LeaseOutstanding.Load(), l.Burst/10; held > most {
+		t.Errorf("64 cold calls left %d millitokens leased, over the share of the burst (%d)", held, most)
+	}
+}
