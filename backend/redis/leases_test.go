@@ -3,14 +3,13 @@ package redis
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/backendtest"
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
 )
@@ -161,56 +160,28 @@ func TestFarRedisAtTheLimit(t *testing.T) {
 		}
 	}
 	loadStart := time.Now()
-	const run, budget = 2 * time.Second, 40 * time.Millisecond
-	var admitted, denied, failed, late atomic.Int64
-	var firstErr atomic.Value
-	var wg sync.WaitGroup
-	end := time.Now().Add(run)
-	for _, b := range replicas {
-		for range 30 {
-			wg.Go(func() {
-				for time.Now().Before(end) {
-					ctx, cancel := context.WithTimeout(context.Background(), budget)
-					began := time.Now()
-					r := req
-					d, err := b.Decide(ctx, &r)
-					cancel()
-					if time.Since(began) > budget+50*time.Millisecond {
-						late.Add(1)
-					}
-					switch {
-					case err != nil:
-						failed.Add(1)
-						firstErr.CompareAndSwap(nil, fmt.Sprint(err))
-					case d.Allowed:
-						admitted.Add(1)
-					default:
-						denied.Add(1)
-					}
-					time.Sleep(time.Millisecond) // Envoys, not a spin
-				}
-			})
-		}
+	ds := make([]backendtest.Decider, len(replicas))
+	for i, b := range replicas {
+		ds[i] = b
 	}
-	wg.Wait()
+	res := backendtest.Storm(ds, req, 30, 2*time.Second, 40*time.Millisecond, 50*time.Millisecond)
 	elapsed := time.Since(start)
 	bound := float64(l.Burst)/bucket.Milli + 500*elapsed.Seconds() + 1
-	got := float64(admitted.Load() + 3)
+	got := float64(res.Admitted + 3)
 	reachable := float64(l.Burst)/bucket.Milli + 500*time.Since(loadStart).Seconds() + 3
-	total := admitted.Load() + denied.Load() + failed.Load()
-	t.Logf("admitted %d (+3 unhurried), denied %d, failed %d (%v), late %d; bound %.0f over %v: %.3f of it, %.3f of the burst and the load's own refill",
-		admitted.Load(), denied.Load(), failed.Load(), firstErr.Load(), late.Load(), bound, elapsed.Round(time.Millisecond), got/bound, got/reachable)
+	t.Logf("%v (+3 unhurried); bound %.0f over %v: %.3f of it, %.3f of the burst and the load's own refill",
+		res, bound, elapsed.Round(time.Millisecond), got/bound, got/reachable)
 	if got > bound {
 		t.Errorf("admitted %.0f, over the bound %.0f", got, bound)
 	}
 	if got < 0.75*reachable {
 		t.Errorf("admitted %.0f, under 0.75 of the burst and the load's own refill, %.0f", got, reachable)
 	}
-	if failed.Load() > 0 {
-		t.Errorf("%d of %d calls failed (first: %v), want none", failed.Load(), total, firstErr.Load())
+	if res.Failed > 0 {
+		t.Errorf("%d of %d calls failed (first: %v), want none", res.Failed, res.Total(), res.FirstErr)
 	}
-	if late.Load() > total/100 {
-		t.Errorf("%d of %d calls answered past their deadline, want at most 1%%", late.Load(), total)
+	if res.Late > res.Total()/100 {
+		t.Errorf("%d of %d calls answered past their deadline, want at most 1%%", res.Late, res.Total())
 	}
 	// Every token the bucket's consumed total counts was admitted, given
 	// back by a lease, cut by the burst on its way back, or dropped by a

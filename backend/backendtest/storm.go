@@ -1,0 +1,76 @@
+// Package backendtest drives backends as a fleet of Envoys does, for the
+// tests of every backend.
+package backendtest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-rl/sluice/backend"
+)
+
+// Decider is what Storm calls: a backend.
+type Decider interface {
+	Decide(ctx context.Context, req *backend.Request) (backend.Decision, error)
+}
+
+// StormResult counts a storm's calls by answer. Late counts the calls
+// answered more than the storm's late margin after their deadline,
+// whatever the answer; FirstErr is the first error, "" for none.
+type StormResult struct {
+	Admitted, Denied, Failed, Late int64
+	FirstErr                       string
+}
+
+// Total is the number of calls answered.
+func (r StormResult) Total() int64 { return r.Admitted + r.Denied + r.Failed }
+
+func (r StormResult) String() string {
+	return fmt.Sprintf("admitted %d, denied %d, failed %d (first: %q), late %d", r.Admitted, r.Denied, r.Failed, r.FirstErr, r.Late)
+}
+
+// Storm runs callers goroutines on each of ds, each deciding req again and
+// again for run, every call with budget before its deadline and a
+// millisecond's pause after it (Envoys, not a spin: the machine keeps
+// some room). A call answered more than late past its budget counts late.
+func Storm(ds []Decider, req backend.Request, callers int, run, budget, late time.Duration) StormResult {
+	var admitted, denied, failed, lateCalls atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	end := time.Now().Add(run)
+	for _, d := range ds {
+		for range callers {
+			wg.Go(func() {
+				for time.Now().Before(end) {
+					ctx, cancel := context.WithTimeout(context.Background(), budget)
+					began := time.Now()
+					r := req
+					dec, err := d.Decide(ctx, &r)
+					cancel()
+					if time.Since(began) > budget+late {
+						lateCalls.Add(1)
+					}
+					switch {
+					case err != nil:
+						failed.Add(1)
+						firstErr.CompareAndSwap(nil, err.Error())
+					case dec.Allowed:
+						admitted.Add(1)
+					default:
+						denied.Add(1)
+					}
+					time.Sleep(time.Millisecond)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	out := StormResult{Admitted: admitted.Load(), Denied: denied.Load(), Failed: failed.Load(), Late: lateCalls.Load()}
+	if e, ok := firstErr.Load().(string); ok {
+		out.FirstErr = e
+	}
+	return out
+}
