@@ -1,8 +1,12 @@
 // Package backend holds what every Sluice backend shares: the Backend
 // interface the service calls, the request and decision it exchanges, the
-// four-level resolution of a bucket's limits and the TTL rules of the
-// source ADRs. The backends themselves live in the subpackages (memory
-// and dynamodb); the arithmetic is in backend/bucket.
+// four-level resolution of a bucket's limits, the TTL rules of the
+// source ADRs, and the leases (DESIGN section 11) of the backends whose
+// store is shared by a fleet: Leases keeps one replica's, RoundTrip the
+// store's distance, Background the work that outlives calls. The
+// backends themselves live in the subpackages (memory, dynamodb and
+// redis), each keeping only what it owns: how its store moves tokens. The
+// arithmetic is in backend/bucket, lease sizing in backend/lease.
 //
 // A Request names one bucket (entity and resource, optionally a parent
 // entity to charge too) and carries the limits the mapping config gives it.

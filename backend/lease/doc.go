@@ -2,8 +2,8 @@
 // replica moves out of a shared token bucket with one conditional write
 // and then spends from its own memory, so that most decisions never wait
 // for the store. It is pure arithmetic over integers and floats, with no
-// I/O, no clock and no locks, like backend/bucket beside it; the DynamoDB
-// backend does the writes.
+// I/O, no clock and no locks, like backend/bucket beside it; backend.Leases
+// keeps the leases and each backend's store moves the tokens.
 //
 // Three things decide a lease's size, each per limit of a bucket (a
 // request-count limit and a token limit of one bucket are sized apart):
