@@ -428,7 +428,13 @@ func TestShutdownDrainsInFlightCalls(t *testing.T) {
 	results := make(chan error, inFlight)
 	for i := range inFlight {
 		go func() {
-			resp, err := c.ShouldRateLimit(context.Background(), req(i))
+			// A deadline of their own, longer than the probe's second
+			// below: with none, the service gives a call 1 s, and beside
+			// two busy loops the probe took that second and the held
+			// calls' deadlines passed before their release.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := c.ShouldRateLimit(ctx, req(i))
 			if err == nil && resp.OverallCode != rlsv3.RateLimitResponse_OK {
 				err = fmt.Errorf("code %v", resp.OverallCode)
 			}
