@@ -339,10 +339,11 @@ func (b *Backend) background(ctx context.Context, lb backend.LeaseBucket[string]
 			return
 		}
 	} else {
+		// A renewal that asks for nothing (a bucket at its limit) still
+		// runs: it reads the bucket, so that the calls this replica
+		// cannot send to Redis in time are denied from a recent view
+		// rather than left to the failure policy once it has aged.
 		p.call.want = b.leases.Wants(&lb, nil, now, b.rtt.Ms())
-		if !slicesAny(p.call.want) {
-			return
-		}
 	}
 	start := time.Now()
 	if err := b.run(ctx, p); err != nil || p.err != nil {
