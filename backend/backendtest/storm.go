@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/sluice-rl/sluice/backend"
@@ -73,4 +74,25 @@ func Storm(ds []Decider, req backend.Request, callers int, run, budget, late tim
 		out.FirstErr = e
 	}
 	return out
+}
+
+// AtTheLimit checks what a storm on one key at its limit must give,
+// whatever the backend: got admitted tokens (priming calls included)
+// never over bound, at least 0.75 of reachable (the burst and the
+// refill over the storm itself), no call left to the failure policy,
+// and at most 1% of calls answered late.
+func (r StormResult) AtTheLimit(t testing.TB, got, bound, reachable float64) {
+	t.Helper()
+	if got > bound {
+		t.Errorf("admitted %.0f, over the bound %.0f", got, bound)
+	}
+	if got < 0.75*reachable {
+		t.Errorf("admitted %.0f, under 0.75 of the burst and the load's own refill, %.0f", got, reachable)
+	}
+	if r.Failed > 0 {
+		t.Errorf("%d of %d calls failed (first: %v), want none", r.Failed, r.Total(), r.FirstErr)
+	}
+	if r.Late > r.Total()/100 {
+		t.Errorf("%d of %d calls answered past their deadline, want at most 1%%", r.Late, r.Total())
+	}
 }

@@ -171,18 +171,7 @@ func TestFarRedisAtTheLimit(t *testing.T) {
 	reachable := float64(l.Burst)/bucket.Milli + 500*time.Since(loadStart).Seconds() + 3
 	t.Logf("%v (+3 unhurried); bound %.0f over %v: %.3f of it, %.3f of the burst and the load's own refill",
 		res, bound, elapsed.Round(time.Millisecond), got/bound, got/reachable)
-	if got > bound {
-		t.Errorf("admitted %.0f, over the bound %.0f", got, bound)
-	}
-	if got < 0.75*reachable {
-		t.Errorf("admitted %.0f, under 0.75 of the burst and the load's own refill, %.0f", got, reachable)
-	}
-	if res.Failed > 0 {
-		t.Errorf("%d of %d calls failed (first: %v), want none", res.Failed, res.Total(), res.FirstErr)
-	}
-	if res.Late > res.Total()/100 {
-		t.Errorf("%d of %d calls answered past their deadline, want at most 1%%", res.Late, res.Total())
-	}
+	res.AtTheLimit(t, got, bound, reachable)
 	// Every token the bucket's consumed total counts was admitted, given
 	// back by a lease, cut by the burst on its way back, or dropped by a
 	// run whose outcome its replica could not know: after Close, to the
