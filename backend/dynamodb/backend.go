@@ -290,6 +290,11 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		b.loadSeen(ts)
 		now := b.now()
 		b.renewNow(ts)
+		// A grant may have landed since the lease turned this call
+		// away: it pays, if it can.
+		if d, ok := b.spend(ts, req, level, false); ok {
+			return d, nil
+		}
 		if b.leases.Outrun(leasedAll(ts), now) && b.recentEnough(ts, now) {
 			return b.deadlineDenial(ts, req, level), nil
 		}

@@ -94,6 +94,14 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 			// trip marks a bucket at its limit: both deny, while Redis
 			// answered lately. Anything else is for the failure policy.
 			b.renewNow(lbs)
+			// A grant may have landed since the lease turned this call
+			// away: it pays, if it can.
+			if results, renew, paid := b.leases.Spend(lbs, req.Hits, b.opts.Now(), rtt, false); paid {
+				b.renew(renew)
+				b.stats.LocalAnswers.Add(1)
+				return backend.Decision{Allowed: true, Limits: limits, Results: results,
+					Binding: bucket.Binding(limits, results), Level: level}, nil
+			}
 			if b.leases.SeenWithin(lbs, now, maxDenyAge) && (b.leases.Outrun(lbs, now) || b.leases.Short(lbs, now, rtt)) {
 				return b.deadlineDenial(req, limits, level), nil
 			}
