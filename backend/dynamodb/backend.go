@@ -162,6 +162,7 @@ func New(api API, opts Options) (*Backend, error) {
 		api: api, table: opts.Table, keys: keys, opts: opts, now: opts.Now, seen: seen, stats: stats, lanes: newLanes(opts.MaxBatch),
 		records: newRecords(api, opts.Table, keys, opts.ConfigCacheSize, opts.ConfigCacheTTL, opts.Now, stats),
 	}
+	b.records.along = b
 	b.bg = backend.NewBackground()
 	if opts.LeaseHorizon > 0 {
 		b.leases = backend.NewLeases(lease.Policy{Horizon: opts.LeaseHorizon.Milliseconds(), Share: opts.LeaseShare}, &stats.LeaseStats, less)
@@ -1107,6 +1108,14 @@ func (b *Backend) saw(t *target, av map[string]types.AttributeValue) error {
 	t.item, t.fresh = it, true
 	b.seen.Add(t.key, seenItem{item: it, at: b.now()})
 	return nil
+}
+
+func (b *Backend) unseen(k bucketKey) bool { return !b.seen.Contains(k) }
+
+func (b *Backend) readAlong(k bucketKey, av map[string]types.AttributeValue) {
+	if it, err := decodeBucket(av); err == nil {
+		b.seen.ContainsOrAdd(k, seenItem{item: it, at: b.now()})
+	}
 }
 
 func (b *Backend) itemKey(k bucketKey) map[string]types.AttributeValue {

@@ -3,6 +3,7 @@ package dynamodb
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -194,6 +195,41 @@ func TestWarmDecisionIsOneUpdateAndNoRead(t *testing.T) {
 	}
 	if b.Stats().ReadMilliUnits.Load() != reads0 {
 		t.Fatal("warm decisions consumed read capacity")
+	}
+}
+
+// A replica's first decision on a bucket another replica made reads the
+// item along with its config records and writes it once: it does not plan
+// a create that loses its race (a third round trip on every fleet start).
+func TestFirstDecisionOnAnotherReplicasBucketWritesOnce(t *testing.T) {
+	for _, horizon := range []time.Duration{-1, 0} {
+		t.Run(fmt.Sprintf("horizon=%v", horizon), func(t *testing.T) {
+			e := newEnv(t)
+			a := e.replica(t, Options{LeaseHorizon: horizon})
+			b := e.replica(t, Options{LeaseHorizon: horizon})
+			req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "10/s", 10)}, Hits: 3}
+			mustDecide(t, a, req)
+			e.clock.advance(1)
+			if d := mustDecide(t, b, req); !d.Allowed {
+				t.Fatalf("second replica's first decision denied: %+v", d)
+			}
+			calls, _ := b.Stats().Calls()
+			writes := calls["PutItem"] + calls["UpdateItem"]
+			if calls["BatchGetItem"] != 1 || writes != 1 || b.Stats().ConditionRetries.Load() != 0 {
+				t.Fatalf("first decision on a known bucket: calls %v, %d condition retries; want one read and one write",
+					calls, b.Stats().ConditionRetries.Load())
+			}
+			// Both replicas' tokens were taken from the one bucket: 10 - 3 - 3
+			// (less whatever the leases hold) is all a third replica finds.
+			c := e.replica(t, Options{LeaseHorizon: -1})
+			admitted := 0
+			for mustDecide(t, c, backend.Request{Entity: "e", Resource: "r", Defaults: req.Defaults, Hits: 1}).Allowed {
+				admitted++
+			}
+			if admitted > 4 {
+				t.Fatalf("a third replica admitted %d of a burst of 10 after the others took 6", admitted)
+			}
+		})
 	}
 }
 

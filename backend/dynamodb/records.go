@@ -24,6 +24,24 @@ type records struct {
 	now   func() int64
 	stats *Stats
 	cache *recordcache.Cache
+	// along, when set, brings a bucket's own item along with the first
+	// read of its config records.
+	along bucketAlong
+}
+
+// bucketAlong is what a config read needs from the bucket state kept
+// beside it: a replica's first decision on a bucket reads the config
+// records and then writes the bucket, and a write planned without the
+// item's state (as a create) loses its race to the replicas that made the
+// item already, costing a third round trip. Reading the item in the same
+// BatchGetItem costs none.
+type bucketAlong interface {
+	// unseen reports whether this replica holds no state of k's bucket.
+	unseen(k bucketKey) bool
+	// readAlong records the bucket item read with its config (nil: no
+	// item), unless a state of it was recorded meanwhile. An item it
+	// cannot decode is left to the write path, which rebuilds it.
+	readAlong(k bucketKey, av map[string]types.AttributeValue)
 }
 
 // readTimeout bounds one shared read of config records: the callers
@@ -70,9 +88,22 @@ func (r *records) fetch(ctx context.Context, entity, resource string) (*recordca
 		keys = append(keys, map[string]types.AttributeValue{attrPK: str(s.pk), attrSK: str(s.sk)})
 	}
 	keys = append(keys, map[string]types.AttributeValue{attrPK: str(metaKey[0]), attrSK: str(metaKey[1])})
-	found, err := batchGet(ctx, r.api, r.table, keys, false, 0, r.stats)
+	// The bucket's item comes along when this replica has no state of it
+	// yet, which is only on the first read. It is read strongly
+	// consistent, like every other view a decision may deny from; so is
+	// the rest of that one batch, since BatchGetItem asks it per table.
+	bk := bucketKey{entity, resource}
+	along := r.along != nil && r.along.unseen(bk)
+	bucketPK := [2]string{r.keys.EntityPK(entity), r.keys.BucketSK(resource)}
+	if along {
+		keys = append(keys, map[string]types.AttributeValue{attrPK: str(bucketPK[0]), attrSK: str(bucketPK[1])})
+	}
+	found, err := batchGet(ctx, r.api, r.table, keys, along, 0, r.stats)
 	if err != nil {
 		return nil, fmt.Errorf("reading config records of %q/%q: %w", entity, resource, err)
+	}
+	if along {
+		r.along.readAlong(bk, found[bucketPK])
 	}
 	if meta := decodeEntity(found[metaKey]); meta.Cascade {
 		rs.Parent = meta.Parent
