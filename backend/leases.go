@@ -138,6 +138,10 @@ func NewLeases[K comparable](p lease.Policy, stats *LeaseStats, less func(a, b K
 	return &Leases[K]{policy: p, stats: stats, less: less, m: map[K]*holding{}}
 }
 
+// Known reports whether the leases keep anything of k: tokens, or the
+// bookkeeping of a lease spent or given back within two horizons.
+func (ls *Leases[K]) Known(k K) bool { return ls.get(k) != nil }
+
 // Policy is the policy the leases are sized by.
 func (ls *Leases[K]) Policy() lease.Policy { return ls.policy }
 

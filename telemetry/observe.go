@@ -49,7 +49,9 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		metric.WithDescription("Decisions whose tokens were written by one write shared with another decision of the same bucket."))
 	contended, err12 := m.Int64ObservableCounter("sluice.dynamodb.contended_denials", metric.WithUnit("{decision}"),
 		metric.WithDescription("Decisions denied because their write lost every race on a bucket near its limit: other replicas took its last tokens first."))
-	for _, err := range []error{err1, err2, err3, err7, err8, err12} {
+	guesses, err13 := m.Int64ObservableCounter("sluice.dynamodb.first_guesses", metric.WithUnit("{decision}"),
+		metric.WithDescription("Key's first decisions on this replica made on the limits its records were guessed to give, while they were read: outcome=right, or outcome=wrong (the records said otherwise and the call was decided again)."))
+	for _, err := range []error{err1, err2, err3, err7, err8, err12, err13} {
 		if err != nil {
 			return err
 		}
@@ -62,8 +64,10 @@ func (t *Telemetry) ObserveDynamoDB(b *sluiceddb.Backend) error {
 		o.ObserveInt64(local, int64(s.LocalAnswers.Load()))
 		o.ObserveInt64(coalesced, int64(s.Coalesced.Load()))
 		o.ObserveInt64(contended, int64(s.Contended.Load()))
+		o.ObserveInt64(guesses, int64(s.GuessesRight.Load()), metric.WithAttributes(attribute.String("outcome", "right")))
+		o.ObserveInt64(guesses, int64(s.GuessesWrong.Load()), metric.WithAttributes(attribute.String("outcome", "wrong")))
 		return nil
-	}, rcu, wcu, retries, local, coalesced, contended)
+	}, rcu, wcu, retries, local, coalesced, contended, guesses)
 	if err != nil {
 		return err
 	}

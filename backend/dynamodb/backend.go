@@ -17,6 +17,7 @@ import (
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/lease"
+	"github.com/sluice-rl/sluice/backend/recordcache"
 )
 
 // API is the part of *dynamodb.Client the backend calls.
@@ -254,15 +255,119 @@ const (
 	rewrite
 	// incremental moves clocks and ADDs tokens: the steady state.
 	incremental
+	// unseen writes what create writes over an item this replica has
+	// never seen: nothing there, or one of the same limits that is full
+	// now (the same outcome either way), so that a first write made before
+	// the item could be read does not lose its race to the replica that
+	// made it, as a create would.
+	unseen
 )
 
 // Decide implements backend.Backend.
+//
+// A call whose records are not cached yet (a key's first call on this
+// replica) does not wait for them before it writes: its decision is made
+// on the limits the records probably give (guess) while they are read, so
+// that a key's first decision costs one round trip, not a read and then a
+// write. Its answer stands only if the records confirm the guess; if not,
+// it is decided again on what they say. The write made on a wrong guess
+// took real tokens from the bucket (or put them in the lease) under
+// limits that do not apply: the next write on the right limits reconciles
+// the bucket as it does after any change of limits, so a wrong guess can
+// only under-admit, by what that one write took.
 func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
 	var buf [2]target
-	ts, level, err := b.targets(ctx, req, buf[:0])
+	ts, level, pending, guessed := b.guess(req, buf[:0])
+	if !guessed {
+		var err error
+		if ts, level, err = b.targets(ctx, req, buf[:0], nil); err != nil {
+			return backend.Decision{}, err
+		}
+		return b.decideOn(ctx, req, ts, level, false)
+	}
+	d, derr := b.decideOn(ctx, req, ts, level, true)
+	rs, err := pending.Wait(ctx)
 	if err != nil {
 		return backend.Decision{}, err
 	}
+	var rbuf [2]target
+	real, rlevel, err := b.targets(ctx, req, rbuf[:0], rs)
+	if err != nil {
+		return backend.Decision{}, err
+	}
+	if !errors.Is(derr, errUnsureGuess) && rlevel == level && sameTargets(real, ts) {
+		b.stats.GuessesRight.Add(1)
+		return d, derr
+	}
+	b.stats.GuessesWrong.Add(1)
+	return b.decideOn(ctx, req, real, rlevel, false)
+}
+
+// errUnsureGuess stops a batch of guessed calls (Decide) that found the
+// bucket under other limits: a write on the guess would rewrite the
+// bucket to limits that may not apply, so the calls wait for their
+// records instead.
+var errUnsureGuess = errors.New("bucket holds other limits than guessed")
+
+// unsure reports whether batch is all guessed calls and some target's
+// item holds other limits than the guess gave it.
+func unsure(ts []target, batch []*call) bool {
+	for _, c := range batch {
+		if !c.guessed && !c.done {
+			return false
+		}
+	}
+	for i := range ts {
+		if it := ts[i].item; it != nil && it.cfg != ts[i].fp {
+			return true
+		}
+	}
+	return false
+}
+
+// guess returns the targets req probably has when its entity's records
+// are not cached, and starts their read; guessed is false (nothing done)
+// when they are cached, or when no guess is safe to make: a refund or a
+// check (those answer from what is known), a parent named by the rule (a
+// cascade writes two buckets), a bucket this replica has seen or holds a
+// lease on (a key whose records merely expired: its limits are known
+// from its item, and a wrong guess would fold its lease under them), or
+// a resource whose shared records have not been read lately.
+func (b *Backend) guess(req *backend.Request, ts []target) (_ []target, _ backend.Level, _ recordcache.Pending, guessed bool) {
+	if req.Refund || req.Hits == 0 || req.Parent != "" {
+		return ts, backend.LevelNone, recordcache.Pending{}, false
+	}
+	k := bucketKey{req.Entity, req.Resource}
+	if b.seen.Contains(k) || (b.leases != nil && b.leases.Known(k)) {
+		return ts, backend.LevelNone, recordcache.Pending{}, false
+	}
+	set, ok := b.records.guess(req.Resource)
+	if !ok {
+		return ts, backend.LevelNone, recordcache.Pending{}, false
+	}
+	pending, ok := b.records.cache.Start(req.Entity, req.Resource)
+	if !ok {
+		return ts, backend.LevelNone, recordcache.Pending{}, false
+	}
+	// A Set never fails to resolve: it answers from memory.
+	res, _ := backend.Resolve(context.Background(), set, req.Entity, req.Resource, req.Defaults)
+	if len(res.Limits) > 0 {
+		ts = append(ts, target{key: k, res: res, fp: bucket.Fingerprint(res.Limits)})
+	}
+	return ts, res.Level, pending, true
+}
+
+// sameTargets reports whether a and b charge the same buckets under the
+// same limits, from the same kind of source.
+func sameTargets(a, b []target) bool {
+	return slices.EqualFunc(a, b, func(x, y target) bool {
+		return x.key == y.key && x.fp == y.fp && x.res.Level == y.res.Level && x.res.Synced == y.res.Synced
+	})
+}
+
+// decideOn decides req on the buckets ts, whose limits came from level
+// (or were guessed to).
+func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []target, level backend.Level, guessed bool) (backend.Decision, error) {
 	if len(ts) == 0 {
 		return backend.NotLimited(), nil
 	}
@@ -310,6 +415,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		group = ts[0].group()
 	}
 	c := newCall(ctx, req, group)
+	c.guessed = guessed
 	batch, err := b.lanes.enter(ctx, c, keys...)
 	if err != nil {
 		return b.gaveUp(ts, req, level, fmt.Errorf("waiting for bucket %q/%q: %w", req.Entity, req.Resource, err))
@@ -537,7 +643,8 @@ func (b *Backend) markShared(ts []target) {
 // targets resolves the buckets req is charged to, appended to ts: the
 // entity's, then its parent's when there is one, leaving out a bucket no
 // level gives any limit. level is where the entity's limits came from.
-func (b *Backend) targets(ctx context.Context, req *backend.Request, ts []target) ([]target, backend.Level, error) {
+// first, when not nil, is the entity's records, already read.
+func (b *Backend) targets(ctx context.Context, req *backend.Request, ts []target, first *recordcache.Set) ([]target, backend.Level, error) {
 	level := backend.LevelNone
 	// The parent comes from the rule's parent template, else from the
 	// entity's META item when it asks for cascade.
@@ -549,9 +656,12 @@ func (b *Backend) targets(ctx context.Context, req *backend.Request, ts []target
 		if entity == "" || (i == 1 && entity == req.Entity) {
 			continue
 		}
-		rs, err := b.records.get(ctx, entity, req.Resource)
-		if err != nil {
-			return nil, level, err
+		rs := first
+		if i == 1 || rs == nil {
+			var err error
+			if rs, err = b.records.get(ctx, entity, req.Resource); err != nil {
+				return nil, level, err
+			}
 		}
 		if i == 0 && parent == "" {
 			parent = rs.Parent
@@ -602,6 +712,15 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 	b.loadSeen(ts)
 	b.markShared(ts)
 	if b.leases != nil && b.payFromLease(ts, batch) {
+		return
+	}
+	if unsure(ts, batch) {
+		for _, c := range batch {
+			if !c.done {
+				c.err = errUnsureGuess
+				c.finish()
+			}
+		}
 		return
 	}
 	fold, mayGrant := b.leasePlan(ts, batch)
@@ -671,6 +790,11 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 			return
 		}
 		b.stats.ConditionRetries.Add(1)
+		if unsure(ts, live) {
+			b.unfold(ts, fold, true)
+			fail(live, errUnsureGuess)
+			return
+		}
 		if attempt >= b.opts.MaxAttempts {
 			b.unfold(ts, fold, true)
 			if nearLimit(ts, now) {
@@ -1018,6 +1142,9 @@ func (t *target) plan(now int64) {
 		// condition (not expired) finds out, and a lost race returns
 		// the item as it is.
 		t.mode = create
+		if it == nil && t.seenAt == 0 && !t.fresh {
+			t.mode = unseen
+		}
 		for i, l := range limits {
 			t.base[i] = bucket.Full(l, now)
 		}

@@ -51,6 +51,9 @@ type call struct {
 	// of one bucket whose limits resolved alike. "" never shares (a
 	// cascade, which holds two lanes).
 	group string
+	// guessed: the call was resolved on a guess of its records
+	// (Backend.guess), not yet confirmed.
+	guessed bool
 	// kind says what the call asks: a decision, or a lease's renewal or
 	// return, which the lane orders among the bucket's decisions.
 	kind callKind

@@ -9,6 +9,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/recordcache"
@@ -27,7 +28,24 @@ type records struct {
 	// along, when set, brings a bucket's own item along with the first
 	// read of its config records.
 	along bucketAlong
+	// shared holds, per resource, the records every entity's resolution
+	// of it shares (the resource default and the system default) as last
+	// read, and ttl is how long they are trusted: they make the guess of
+	// guess.
+	shared *lru.Cache[string, sharedRecords]
+	ttl    int64
 }
+
+// sharedRecords are the levels 3 and 4 of a resource, read at at.
+type sharedRecords struct {
+	set *recordcache.Set // only its resource and system records
+	at  int64
+}
+
+// sharedResources bounds how many resources' shared records are kept
+// for guesses: resources come from the rule files, so a few dozen is
+// usual.
+const sharedResources = 1024
 
 // bucketAlong is what a config read needs from the bucket state kept
 // beside it: a replica's first decision on a bucket reads the config
@@ -49,13 +67,27 @@ type bucketAlong interface {
 const readTimeout = 5 * time.Second
 
 func newRecords(api API, table string, keys Keys, size int, ttl time.Duration, now func() int64, stats *Stats) *records {
-	r := &records{api: api, table: table, keys: keys, now: now, stats: stats}
+	shared, _ := lru.New[string, sharedRecords](sharedResources) // only a size <= 0 fails
+	r := &records{api: api, table: table, keys: keys, now: now, stats: stats, shared: shared, ttl: ttl.Milliseconds()}
 	r.cache = recordcache.New(recordcache.Options{Fetch: r.fetch, Size: size, TTL: ttl, Now: now,
 		Hits: &stats.CacheHits, Misses: &stats.CacheMisses, ReadTimeout: readTimeout})
 	return r
 }
 
 func (r *records) close() { r.cache.Close() }
+
+// guess is what (entity, resource)'s records probably are when the cache
+// holds none: no records of the entity's own (the common case for the
+// long tail of per-user and per-address keys) and the resource's shared
+// records as last read for any entity. ok is false when those have not
+// been read within the cache TTL.
+func (r *records) guess(resource string) (*recordcache.Set, bool) {
+	sh, ok := r.shared.Get(resource)
+	if !ok || r.now()-sh.at >= r.ttl {
+		return nil, false
+	}
+	return sh.set, true
+}
 
 func (r *records) get(ctx context.Context, entity, resource string) (*recordcache.Set, error) {
 	return r.cache.Get(ctx, entity, resource)
@@ -99,6 +131,7 @@ func (r *records) fetch(ctx context.Context, entity, resource string) (*recordca
 		keys = append(keys, map[string]types.AttributeValue{attrPK: str(bucketPK[0]), attrSK: str(bucketPK[1])})
 	}
 	found, err := batchGet(ctx, r.api, r.table, keys, along, 0, r.stats)
+	now := r.now()
 	if err != nil {
 		return nil, fmt.Errorf("reading config records of %q/%q: %w", entity, resource, err)
 	}
@@ -108,7 +141,6 @@ func (r *records) fetch(ctx context.Context, entity, resource string) (*recordca
 	if meta := decodeEntity(found[metaKey]); meta.Cascade {
 		rs.Parent = meta.Parent
 	}
-	now := r.now()
 	for _, s := range slots {
 		rec, ok, err := decodeRecord(found[[2]string{s.pk, s.sk}], now)
 		if err != nil {
@@ -116,6 +148,9 @@ func (r *records) fetch(ctx context.Context, entity, resource string) (*recordca
 		}
 		*s.rec, *s.has = rec, ok
 	}
+	r.shared.Add(resource, sharedRecords{at: now, set: &recordcache.Set{
+		ResourceConfig: rs.ResourceConfig, HasResourceConfig: rs.HasResourceConfig,
+		SystemConfig: rs.SystemConfig, HasSystemConfig: rs.HasSystemConfig}})
 	return rs, nil
 }
 

@@ -29,6 +29,11 @@ type Stats struct {
 	// race on a bucket near its limit: other replicas took its last
 	// tokens first.
 	Contended atomic.Uint64
+	// GuessesRight and GuessesWrong count first decisions made on a guess
+	// of their limits while their records were read (Backend.Decide): the
+	// records said the same, or said otherwise and the call was decided
+	// again.
+	GuessesRight, GuessesWrong atomic.Uint64
 	// LeaseStats are the leases' totals (leases on): moved in and out,
 	// dropped, held now, the writes that moved them, and the decisions
 	// denied at their deadline without the table's answer

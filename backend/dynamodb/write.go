@@ -77,6 +77,9 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 	e := newExpr()
 	nowSec := now / 1000
 	ttl := b.ttlSeconds(t.res, now)
+	if t.mode == unseen {
+		return b.unseenOp(t, e, now, ttl)
+	}
 	if t.mode != incremental {
 		item := &bucketItem{cfg: t.fp, ttl: ttl, limits: t.res.Limits, states: t.states}
 		av := b.itemKey(t.key)
@@ -177,6 +180,46 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 		}
 	}
 	return op{key: b.itemKey(t.key), e: e, next: &bucketItem{cfg: t.fp, ttl: ttl, limits: t.res.Limits, states: written}}
+}
+
+// unseenOp is a create that also succeeds on an item of the same limits
+// that is full at now: both leave the bucket full less what the decision
+// took, with its clock at now. It SETs every attribute a create puts and
+// ADDs to the consumed totals (which start at zero on a new item). An
+// expired item of the same limits counts as absent; one of other limits
+// fails the condition, and the retry plans on the item it returns.
+func (b *Backend) unseenOp(t *target, e *expr, now, ttl int64) op {
+	e.setAttr(attrEntity, str(t.key.entity))
+	e.setAttr(attrResource, str(t.key.resource))
+	e.setAttr(attrGSI2PK, str(b.keys.GSI2PK(t.key.resource)))
+	e.setAttr(attrGSI2SK, str(GSI2SK(t.key.entity)))
+	e.setAttr(attrCfg, str(t.fp))
+	if ttl != 0 {
+		e.setAttr(attrTTL, num(ttl))
+	} else {
+		e.removeAttr(attrTTL)
+	}
+	mark := len(e.cond)
+	for i, l := range t.res.Limits {
+		s := t.states[i]
+		tk := limitAttr(bucketPrefix, l.Name, fieldTokens)
+		rf := limitAttr(bucketPrefix, l.Name, fieldClock)
+		e.setAttr(tk, num(s.Tokens))
+		e.setAttr(rf, num(s.Clock))
+		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldCapacity), num(l.Amount))
+		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldBurst), num(l.Burst))
+		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldAmount), num(l.Amount))
+		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldPeriod), num(l.Period))
+		cost := s.Consumed - t.base[i].Consumed
+		e.addAttr(limitAttr(bucketPrefix, l.Name, fieldConsumed), num(cost))
+		fullAt(e, l, tk, rf, t.base[i], cost, now)
+	}
+	// Full at now, every limit: the clauses fullAt added, under an OR.
+	full := strings.Join(e.cond[mark:], " AND ")
+	e.cond = e.cond[:mark]
+	e.when("attribute_not_exists(%n) OR (%n = %v AND (%n <= %v OR "+full+"))",
+		[]string{attrPK, attrCfg, attrTTL}, []types.AttributeValue{str(t.fp), num(now / 1000)})
+	return op{key: b.itemKey(t.key), e: e, next: &bucketItem{cfg: t.fp, ttl: ttl, limits: t.res.Limits, states: slices.Clone(t.states)}}
 }
 
 // fullAt conditions a full write of limit l on an item state that is full

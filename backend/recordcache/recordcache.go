@@ -141,14 +141,40 @@ func (c *Cache) Get(ctx context.Context, entity, resource string) (*Set, error) 
 		return e.set, nil
 	}
 	c.o.Misses.Add(1)
+	p := Pending{entity, resource, c.flight.DoChan(key, func() (any, error) { return c.load(key, entity, resource) })}
+	return p.Wait(ctx)
+}
+
+// Pending is a read of one bucket's records that has started and not
+// yet been waited for.
+type Pending struct {
+	entity, resource string
+	ch               <-chan singleflight.Result
+}
+
+// Start starts the read of (entity, resource)'s records, shared with any
+// other in flight, when the cache holds none, and reports false (doing
+// nothing) when it does: then Get answers at once. It lets a caller do
+// other work while the records are read.
+func (c *Cache) Start(entity, resource string) (Pending, bool) {
+	key := entity + "\x00" + resource
+	if _, ok := c.lru.Peek(key); ok {
+		return Pending{}, false
+	}
+	c.o.Misses.Add(1)
+	return Pending{entity, resource, c.flight.DoChan(key, func() (any, error) { return c.load(key, entity, resource) })}, true
+}
+
+// Wait returns the records p reads, or ctx's error when ctx ends first.
+func (p Pending) Wait(ctx context.Context) (*Set, error) {
 	select {
-	case res := <-c.flight.DoChan(key, func() (any, error) { return c.load(key, entity, resource) }):
+	case res := <-p.ch:
 		if res.Err != nil {
 			return nil, res.Err
 		}
 		return res.Val.(*Set), nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("config records of %q/%q: %w", entity, resource, ctx.Err())
+		return nil, fmt.Errorf("config records of %q/%q: %w", p.entity, p.resource, ctx.Err())
 	}
 }
 

@@ -1,0 +1,215 @@
+package dynamodb
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+// farTable answers every call delay late, as a table that far away would.
+type farTable struct {
+	API
+	delay time.Duration
+}
+
+func (f farTable) BatchGetItem(ctx context.Context, in *dynamodb.BatchGetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error) {
+	time.Sleep(f.delay)
+	return f.API.BatchGetItem(ctx, in, o...)
+}
+
+func (f farTable) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	time.Sleep(f.delay)
+	return f.API.UpdateItem(ctx, in, o...)
+}
+
+func (f farTable) PutItem(ctx context.Context, in *dynamodb.PutItemInput, o ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error) {
+	time.Sleep(f.delay)
+	return f.API.PutItem(ctx, in, o...)
+}
+
+func (f farTable) GetItem(ctx context.Context, in *dynamodb.GetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
+	time.Sleep(f.delay)
+	return f.API.GetItem(ctx, in, o...)
+}
+
+// A key's first decision on a replica costs one round trip: its write
+// goes out on the limits a key with no records of its own has while its
+// records are read, and the records confirm them. Timed against a table
+// 300 ms away: one round trip, not a read and then a write (600 ms), with
+// 150 ms to spare for a busy machine.
+func TestFirstDecisionIsOneRoundTrip(t *testing.T) {
+	const delay = 300 * time.Millisecond
+	e := newEnv(t)
+	roomy := []bucket.Limit{lim(t, "x", "1000/s", 0)}
+	for _, horizon := range []time.Duration{-1, 0} {
+		t.Run(fmt.Sprintf("horizon=%v", horizon), func(t *testing.T) {
+			b := e.replica(t, Options{LeaseHorizon: horizon}, farTable{e.client, delay})
+			decide := func(entity string) (backend.Decision, time.Duration) {
+				t.Helper()
+				start := time.Now()
+				d := mustDecide(t, b, backend.Request{Entity: entity, Resource: "r", Defaults: roomy, Hits: 1})
+				return d, time.Since(start)
+			}
+			// The resource's first key: nothing to guess from yet.
+			if d, took := decide(fmt.Sprint("first", horizon)); !d.Allowed || took < 2*delay {
+				t.Fatalf("the resource's first key: %+v in %v, want allowed after a read and a write", d, took)
+			}
+			calls0, _ := b.Stats().Calls()
+			d, took := decide(fmt.Sprint("second", horizon))
+			if !d.Allowed || d.Level != backend.LevelResource {
+				t.Fatalf("a new key: %+v", d)
+			}
+			if took >= delay*3/2 {
+				t.Errorf("a new key's first decision took %v: more than one round trip of %v", took, delay)
+			}
+			calls, _ := b.Stats().Calls()
+			if n := calls["BatchGetItem"] - calls0["BatchGetItem"]; n != 1 {
+				t.Errorf("%d config reads, want 1", n)
+			}
+			if n := calls["UpdateItem"] + calls["PutItem"] - calls0["UpdateItem"] - calls0["PutItem"]; n != 1 {
+				t.Errorf("%d writes, want 1", n)
+			}
+			if r, w := b.Stats().GuessesRight.Load(), b.Stats().GuessesWrong.Load(); r != 1 || w != 0 {
+				t.Errorf("guesses right %d, wrong %d; want 1 and 0", r, w)
+			}
+		})
+	}
+}
+
+// A replica's first decision on a bucket another replica made, with the
+// same limits and full again, writes it once, guessed and unseen: the
+// write that creates or takes from a full bucket does not lose its race
+// to the replica that created it. Every token both took is in the item.
+func TestGuessedWriteOnAnotherReplicasBucket(t *testing.T) {
+	e := newEnv(t)
+	roomy := []bucket.Limit{lim(t, "x", "10/s", 10)}
+	a := e.replica(t, Options{LeaseHorizon: -1})
+	b := e.replica(t, Options{LeaseHorizon: -1})
+	req := func(entity string, hits uint64) backend.Request {
+		return backend.Request{Entity: entity, Resource: "r", Defaults: roomy, Hits: hits}
+	}
+	mustDecide(t, b, req("warm-b", 1)) // b has read the resource's records
+	mustDecide(t, a, req("k", 4))
+	e.clock.advance(1_000) // refilled: the bucket is full again
+	calls0, _ := b.Stats().Calls()
+	if d := mustDecide(t, b, req("k", 3)); !d.Allowed {
+		t.Fatalf("denied: %+v", d)
+	}
+	calls, _ := b.Stats().Calls()
+	if b.Stats().GuessesRight.Load() != 1 || b.Stats().ConditionRetries.Load() != 0 ||
+		calls["UpdateItem"]-calls0["UpdateItem"] != 1 || calls["PutItem"] != calls0["PutItem"] {
+		t.Fatalf("guessed first write on a full bucket: calls %v (before %v), %d retries, %d right guesses",
+			calls, calls0, b.Stats().ConditionRetries.Load(), b.Stats().GuessesRight.Load())
+	}
+	item := e.rawItem(t, "ENTITY#k", "#BUCKET#r")
+	if tk, tc := attrN(t, item, limitAttr(bucketPrefix, "x", fieldTokens)), attrN(t, item, limitAttr(bucketPrefix, "x", fieldConsumed)); tk != 7*bucket.Milli || tc != 7*bucket.Milli {
+		t.Fatalf("bucket holds %d millitokens, %d taken in all; want 7000 and 7000 (full 10, less 3; 4 + 3 taken)", tk, tc)
+	}
+	// Not full: the guessed write loses its race and is decided again on
+	// the item, as any write would be.
+	mustDecide(t, a, req("k2", 9))
+	c := e.replica(t, Options{LeaseHorizon: -1})
+	mustDecide(t, c, req("warm-c", 1))
+	if d := mustDecide(t, c, req("k2", 1)); !d.Allowed || d.Results[0].Tokens != 0 {
+		t.Fatalf("the last token of a bucket another replica drained: %+v", d)
+	}
+	if d := mustDecide(t, c, req("k2", 1)); d.Allowed {
+		t.Fatalf("a drained bucket admitted: %+v", d)
+	}
+}
+
+// A wrong guess is decided again on the records: an entity with limits of
+// its own gets those limits, its bucket their fingerprint and no ttl (an
+// operator's config), and the calls of many fresh replicas together admit
+// no more than its burst, whether its bucket exists or not yet.
+func TestWrongGuessIsDecidedOnTheRecords(t *testing.T) {
+	e := newEnv(t)
+	roomy := []bucket.Limit{lim(t, "x", "1000/s", 0)}
+	tight := []bucket.Limit{lim(t, "x", "1/h", 3)}
+	ctx := context.Background()
+	if _, err := e.admin(t, "").PutConfig(ctx, backend.RecordKey{Entity: "vip", Resource: "r"}, tight, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, leases := range []bool{false, true} {
+		horizon := time.Duration(-1)
+		if leases {
+			horizon = 0
+		}
+		admitted, wrong := 0, uint64(0)
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for r := range 4 {
+			b := e.replica(t, Options{LeaseHorizon: horizon})
+			mustDecide(t, b, backend.Request{Entity: fmt.Sprint("warm", r, leases), Resource: "r", Defaults: roomy, Hits: 1})
+			for range 5 {
+				wg.Go(func() {
+					d, err := b.Decide(ctx, &backend.Request{Entity: "vip", Resource: "r", Defaults: roomy, Hits: 1})
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						t.Errorf("vip: %v", err)
+						return
+					}
+					if d.Level != backend.LevelEntity {
+						t.Errorf("vip decided at level %v", d.Level)
+					}
+					if d.Allowed {
+						admitted++
+					}
+				})
+			}
+			wg.Wait()
+			wrong += b.Stats().GuessesWrong.Load()
+		}
+		// The first round creates the bucket (leases off), the second finds it.
+		if want := map[bool]int{false: 3, true: 0}[leases]; admitted != want {
+			t.Errorf("leases %v: vip admitted %d of 20 calls on 4 fresh replicas, want %d (its burst is 3, 1 an hour)", leases, admitted, want)
+		}
+		if wrong == 0 {
+			t.Errorf("leases %v: no wrong guess counted", leases)
+		}
+		item := e.rawItem(t, "ENTITY#vip", "#BUCKET#r")
+		if _, ok := item[attrTTL]; ok {
+			t.Errorf("leases %v: an operator entity's bucket has a ttl", leases)
+		}
+		if cfg := attrS(item, attrCfg); cfg != bucket.Fingerprint(tight) {
+			t.Errorf("leases %v: bucket cfg %q, want the entity's limits %q", leases, cfg, bucket.Fingerprint(tight))
+		}
+	}
+}
+
+// An entity whose META item asks for cascade is guessed without a parent:
+// the guess is wrong, and the call is decided again on both buckets.
+func TestWrongGuessFindsTheCascade(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	roomy := []bucket.Limit{lim(t, "x", "1000/s", 0)}
+	a := e.admin(t, "")
+	if err := a.PutEntity(ctx, backend.Entity{Name: "child", Parent: "org", Cascade: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.PutConfig(ctx, backend.RecordKey{Entity: "org", Resource: "r"}, []bucket.Limit{lim(t, "x", "1/h", 2)}, 0); err != nil {
+		t.Fatal(err)
+	}
+	b := e.replica(t, Options{LeaseHorizon: -1})
+	mustDecide(t, b, backend.Request{Entity: "warm", Resource: "r", Defaults: roomy, Hits: 1})
+	admitted := 0
+	for range 4 {
+		if mustDecide(t, b, backend.Request{Entity: "child", Resource: "r", Defaults: roomy, Hits: 1}).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 2 {
+		t.Fatalf("child of a parent with 2 tokens admitted %d of 4", admitted)
+	}
+	if b.Stats().GuessesWrong.Load() != 1 {
+		t.Fatalf("%d wrong guesses, want 1", b.Stats().GuessesWrong.Load())
+	}
+}
