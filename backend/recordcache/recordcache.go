@@ -166,16 +166,26 @@ func (c *Cache) Start(entity, resource string) (Pending, bool) {
 }
 
 // Wait returns the records p reads, or ctx's error when ctx ends first.
+// Records already read are returned even if ctx has ended.
 func (p Pending) Wait(ctx context.Context) (*Set, error) {
 	select {
 	case res := <-p.ch:
-		if res.Err != nil {
-			return nil, res.Err
-		}
-		return res.Val.(*Set), nil
+		return result(res)
+	default:
+	}
+	select {
+	case res := <-p.ch:
+		return result(res)
 	case <-ctx.Done():
 		return nil, fmt.Errorf("config records of %q/%q: %w", p.entity, p.resource, ctx.Err())
 	}
+}
+
+func result(res singleflight.Result) (*Set, error) {
+	if res.Err != nil {
+		return nil, res.Err
+	}
+	return res.Val.(*Set), nil
 }
 
 // load reads key's records and caches them.

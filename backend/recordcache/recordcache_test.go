@@ -141,3 +141,51 @@ func TestMissesShareOneRead(t *testing.T) {
 		t.Error("the shared read did not fill the cache")
 	}
 }
+
+// Start begins a read for a key not cached and shares it with Get; it
+// does nothing for a key cached. Wait answers with the records once they
+// are in, even to a caller whose context has ended since, and with the
+// read's error when it failed.
+func TestStartAndWait(t *testing.T) {
+	s := &store{gate: make(chan struct{})}
+	var misses atomic.Uint64
+	c := New(Options{Fetch: s.fetch, Misses: &misses})
+	defer c.Close()
+	p, ok := c.Start("a", "r")
+	if !ok || misses.Load() != 1 {
+		t.Fatalf("Start on an empty cache: started %v, %d misses", ok, misses.Load())
+	}
+	got := make(chan *Set, 1)
+	go func() {
+		set, err := c.Get(t.Context(), "a", "r")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- set
+	}()
+	short, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
+	defer cancel()
+	if _, err := p.Wait(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait past its deadline with the read in flight: %v", err)
+	}
+	close(s.gate)
+	shared := <-got           // Get had joined the read; it is in now
+	set, err := p.Wait(short) // ended, but the read is in
+	if err != nil || set == nil || set != shared {
+		t.Fatalf("Wait after the read: %v, %v (or Get got another answer)", set, err)
+	}
+	if n := s.reads.Load(); n != 1 {
+		t.Fatalf("%d reads, want the one Start began", n)
+	}
+	if _, ok := c.Start("a", "r"); ok {
+		t.Fatal("Start on a cached key started a read")
+	}
+	s.fail.Store(true)
+	p, ok = c.Start("b", "r")
+	if !ok {
+		t.Fatal("Start on another key did not start")
+	}
+	if _, err := p.Wait(t.Context()); err == nil {
+		t.Fatal("a failed read answered no error")
+	}
+}
