@@ -659,6 +659,15 @@ func TestLeasesOutrun(t *testing.T) {
 		{"the grant landed", []func(*Leases[string]){granted, dry, busy, func(ls *Leases[string]) {
 			ls.Credit(&b, []int64{whole(2)}, nil, nil, leaseT0+2)
 		}}, bs, leaseT0 + 3, false},
+		{"the grant landed, was spent by others, and the next is on the way", []func(*Leases[string]){granted, dry, busy, func(ls *Leases[string]) {
+			ls.Credit(&b, []int64{whole(2)}, nil, nil, leaseT0+2)
+			ls.Spend(bs, 2, leaseT0+2, 0, true) // another call takes it all
+			ls.StartRenewal(&b)
+			ls.Dry(bs, leaseT0+2) // the call that waited for it
+		}}, bs, leaseT0 + 3, true},
+		{"Dry on a lease under other limits", []func(*Leases[string]){granted, busy, func(ls *Leases[string]) {
+			ls.Dry([]LeaseBucket[string]{leaseOn("k", testLimit("rpm", 100, 200))}, leaseT0+1)
+		}}, bs, leaseT0 + 2, false},
 		{"asked under other limits", []func(*Leases[string]){granted, dry, busy},
 			[]LeaseBucket[string]{leaseOn("k", testLimit("rpm", 100, 200))}, leaseT0 + 2, false},
 	}

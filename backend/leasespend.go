@@ -174,6 +174,21 @@ func (ls *Leases[K]) Spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, arr
 	return results, renew, true
 }
 
+// Dry marks the leases of bs spent as of now, unless they are already:
+// for a call that found a lease dry on arrival, and again after the grant
+// it waited for landed and was spent by others before it could pay. Such
+// a call's demand was counted on arrival; Outrun then says whether the
+// lease's next grant is on the way.
+func (ls *Leases[K]) Dry(bs []LeaseBucket[K], now int64) {
+	for i := range bs {
+		if h := ls.get(bs[i].Key); h != nil {
+			h.mu.Lock()
+			unmet([]*holding{h}, bs[i:i+1], 0, now)
+			h.mu.Unlock()
+		}
+	}
+}
+
 // unmet records what a call of hits asks of the leases hs (locked, lined
 // up with bs) that could not pay it all.
 func unmet[K comparable](hs []*holding, bs []LeaseBucket[K], hits uint64, now int64) {

@@ -401,6 +401,11 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 		if d, ok := b.spend(ts, req, level, false); ok {
 			return d, nil
 		}
+		// That grant, if one landed, is spent already: the lease is dry
+		// again, and its next grant is asked for if no renewal is under
+		// way now.
+		b.leases.Dry(leasedAll(ts), now)
+		b.renewNow(ts)
 		if b.leases.Outrun(leasedAll(ts), now) && b.recentEnough(ts, now) {
 			return b.deadlineDenial(ts, req, level), nil
 		}

@@ -102,6 +102,11 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 				return backend.Decision{Allowed: true, Limits: limits, Results: results,
 					Binding: bucket.Binding(limits, results), Level: level}, nil
 			}
+			// That grant, if one landed, is spent already: the lease is
+			// dry again, and its next grant is asked for if no renewal
+			// is under way now.
+			b.leases.Dry(lbs, now)
+			b.renewNow(lbs)
 			if b.leases.SeenWithin(lbs, now, maxDenyAge) && (b.leases.Outrun(lbs, now) || b.leases.Short(lbs, now, rtt)) {
 				return b.deadlineDenial(req, limits, level), nil
 			}
