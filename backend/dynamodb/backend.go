@@ -277,14 +277,27 @@ const (
 // only under-admit, by what that one write took.
 func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
 	var buf [2]target
-	ts, level, pending, guessed := b.guess(req, buf[:0])
-	if !guessed {
+	set, pending := b.records.cache.Lookup(req.Entity, req.Resource)
+	if set == nil {
+		if ts, level, ok := b.guess(req, buf[:0]); ok {
+			return b.decideOnGuess(ctx, req, ts, level, pending)
+		}
 		var err error
-		if ts, level, err = b.targets(ctx, req, buf[:0], nil); err != nil {
+		if set, err = pending.Wait(ctx); err != nil {
 			return backend.Decision{}, err
 		}
-		return b.decideOn(ctx, req, ts, level, false)
 	}
+	ts, level, err := b.targets(ctx, req, buf[:0], set)
+	if err != nil {
+		return backend.Decision{}, err
+	}
+	return b.decideOn(ctx, req, ts, level, false)
+}
+
+// decideOnGuess decides req on the guessed targets ts while pending reads
+// its records, and answers once they confirm the guess; otherwise it
+// decides again on theirs.
+func (b *Backend) decideOnGuess(ctx context.Context, req *backend.Request, ts []target, level backend.Level, pending recordcache.Pending) (backend.Decision, error) {
 	d, derr := b.decideOn(ctx, req, ts, level, true)
 	rs, err := pending.Wait(ctx)
 	if err != nil {
@@ -326,35 +339,30 @@ func unsure(ts []target, batch []*call) bool {
 }
 
 // guess returns the targets req probably has when its entity's records
-// are not cached, and starts their read; guessed is false (nothing done)
-// when they are cached, or when no guess is safe to make: a refund or a
-// check (those answer from what is known), a parent named by the rule (a
-// cascade writes two buckets), a bucket this replica has seen or holds a
-// lease on (a key whose records merely expired: its limits are known
-// from its item, and a wrong guess would fold its lease under them), or
-// a resource whose shared records have not been read lately.
-func (b *Backend) guess(req *backend.Request, ts []target) (_ []target, _ backend.Level, _ recordcache.Pending, guessed bool) {
+// are not cached; ok is false when no guess is safe to make: a refund or
+// a check (those answer from what is known), a parent named by the rule
+// (a cascade writes two buckets), a bucket this replica has seen or holds
+// a lease on (a key whose records merely expired: its limits are known
+// from its item, and a wrong guess would fold its lease under them), or a
+// resource whose shared records have not been read lately.
+func (b *Backend) guess(req *backend.Request, ts []target) (_ []target, _ backend.Level, ok bool) {
 	if req.Refund || req.Hits == 0 || req.Parent != "" {
-		return ts, backend.LevelNone, recordcache.Pending{}, false
+		return ts, backend.LevelNone, false
 	}
 	k := bucketKey{req.Entity, req.Resource}
 	if b.seen.Contains(k) || (b.leases != nil && b.leases.Known(k)) {
-		return ts, backend.LevelNone, recordcache.Pending{}, false
+		return ts, backend.LevelNone, false
 	}
 	set, ok := b.records.guess(req.Resource)
 	if !ok {
-		return ts, backend.LevelNone, recordcache.Pending{}, false
-	}
-	pending, ok := b.records.cache.Start(req.Entity, req.Resource)
-	if !ok {
-		return ts, backend.LevelNone, recordcache.Pending{}, false
+		return ts, backend.LevelNone, false
 	}
 	// A Set never fails to resolve: it answers from memory.
 	res, _ := backend.Resolve(context.Background(), set, req.Entity, req.Resource, req.Defaults)
 	if len(res.Limits) > 0 {
 		ts = append(ts, target{key: k, res: res, fp: bucket.Fingerprint(res.Limits)})
 	}
-	return ts, res.Level, pending, true
+	return ts, res.Level, true
 }
 
 // sameTargets reports whether a and b charge the same buckets under the
@@ -656,7 +664,7 @@ func (b *Backend) markShared(ts []target) {
 // targets resolves the buckets req is charged to, appended to ts: the
 // entity's, then its parent's when there is one, leaving out a bucket no
 // level gives any limit. level is where the entity's limits came from.
-// first, when not nil, is the entity's records, already read.
+// first is the entity's records, already read.
 func (b *Backend) targets(ctx context.Context, req *backend.Request, ts []target, first *recordcache.Set) ([]target, backend.Level, error) {
 	level := backend.LevelNone
 	// The parent comes from the rule's parent template, else from the
@@ -670,7 +678,7 @@ func (b *Backend) targets(ctx context.Context, req *backend.Request, ts []target
 			continue
 		}
 		rs := first
-		if i == 1 || rs == nil {
+		if i == 1 {
 			var err error
 			if rs, err = b.records.get(ctx, entity, req.Resource); err != nil {
 				return nil, level, err

@@ -130,6 +130,17 @@ func (c *Cache) Len() int { return c.lru.Len() }
 // Get returns the records of (entity, resource), from the cache or read
 // within ctx.
 func (c *Cache) Get(ctx context.Context, entity, resource string) (*Set, error) {
+	set, p := c.Lookup(entity, resource)
+	if set != nil {
+		return set, nil
+	}
+	return p.Wait(ctx)
+}
+
+// Lookup is Get without the wait: the records of (entity, resource) when
+// the cache holds them, or nil and the read it has started (shared with
+// any other in flight), for the caller to wait on when it needs them.
+func (c *Cache) Lookup(entity, resource string) (*Set, Pending) {
 	key := entity + "\x00" + resource
 	if e, ok := c.lru.Get(key); ok {
 		c.o.Hits.Add(1)
@@ -138,11 +149,10 @@ func (c *Cache) Get(ctx context.Context, entity, resource string) (*Set, error) 
 			// TTL and the next lookup reads, as a miss.
 			c.flight.DoChan(key, func() (any, error) { return c.load(key, entity, resource) })
 		}
-		return e.set, nil
+		return e.set, Pending{}
 	}
 	c.o.Misses.Add(1)
-	p := Pending{entity, resource, c.flight.DoChan(key, func() (any, error) { return c.load(key, entity, resource) })}
-	return p.Wait(ctx)
+	return nil, Pending{entity, resource, c.flight.DoChan(key, func() (any, error) { return c.load(key, entity, resource) })}
 }
 
 // Pending is a read of one bucket's records that has started and not
@@ -150,19 +160,6 @@ func (c *Cache) Get(ctx context.Context, entity, resource string) (*Set, error) 
 type Pending struct {
 	entity, resource string
 	ch               <-chan singleflight.Result
-}
-
-// Start starts the read of (entity, resource)'s records, shared with any
-// other in flight, when the cache holds none, and reports false (doing
-// nothing) when it does: then Get answers at once. It lets a caller do
-// other work while the records are read.
-func (c *Cache) Start(entity, resource string) (Pending, bool) {
-	key := entity + "\x00" + resource
-	if _, ok := c.lru.Peek(key); ok {
-		return Pending{}, false
-	}
-	c.o.Misses.Add(1)
-	return Pending{entity, resource, c.flight.DoChan(key, func() (any, error) { return c.load(key, entity, resource) })}, true
 }
 
 // Wait returns the records p reads, or ctx's error when ctx ends first.

@@ -142,18 +142,18 @@ func TestMissesShareOneRead(t *testing.T) {
 	}
 }
 
-// Start begins a read for a key not cached and shares it with Get; it
-// does nothing for a key cached. Wait answers with the records once they
-// are in, even to a caller whose context has ended since, and with the
-// read's error when it failed.
-func TestStartAndWait(t *testing.T) {
+// Lookup answers from the cache, or begins a read for a key not cached
+// and shares it with Get. Wait answers with the records once they are in,
+// even to a caller whose context has ended since, and with the read's
+// error when it failed.
+func TestLookupAndWait(t *testing.T) {
 	s := &store{gate: make(chan struct{})}
-	var misses atomic.Uint64
-	c := New(Options{Fetch: s.fetch, Misses: &misses})
+	var hits, misses atomic.Uint64
+	c := New(Options{Fetch: s.fetch, Hits: &hits, Misses: &misses})
 	defer c.Close()
-	p, ok := c.Start("a", "r")
-	if !ok || misses.Load() != 1 {
-		t.Fatalf("Start on an empty cache: started %v, %d misses", ok, misses.Load())
+	set, p := c.Lookup("a", "r")
+	if set != nil || misses.Load() != 1 {
+		t.Fatalf("Lookup on an empty cache: %v, %d misses", set, misses.Load())
 	}
 	got := make(chan *Set, 1)
 	go func() {
@@ -175,17 +175,15 @@ func TestStartAndWait(t *testing.T) {
 		t.Fatalf("Wait after the read: %v, %v (or Get got another answer)", set, err)
 	}
 	if n := s.reads.Load(); n != 1 {
-		t.Fatalf("%d reads, want the one Start began", n)
+		t.Fatalf("%d reads, want the one Lookup began", n)
 	}
-	if _, ok := c.Start("a", "r"); ok {
-		t.Fatal("Start on a cached key started a read")
+	if set, _ := c.Lookup("a", "r"); set != shared || hits.Load() != 1 {
+		t.Fatalf("Lookup on a cached key: %v, %d hits", set, hits.Load())
 	}
 	s.fail.Store(true)
-	p, ok = c.Start("b", "r")
-	if !ok {
-		t.Fatal("Start on another key did not start")
-	}
-	if _, err := p.Wait(t.Context()); err == nil {
+	if set, p := c.Lookup("b", "r"); set != nil {
+		t.Fatal("Lookup on another key answered from the cache")
+	} else if _, err := p.Wait(t.Context()); err == nil {
 		t.Fatal("a failed read answered no error")
 	}
 }
