@@ -138,13 +138,17 @@ func TestAdminChangeReachesDecisions(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	a := e.admin(t, "")
-	// The cache's TTL runs on the wall clock; a short one keeps the test
-	// short.
-	b := e.replica(t, Options{ConfigCacheTTL: 100 * time.Millisecond})
+	// The cache's TTL runs on the wall clock: a second is short enough
+	// for the test and long enough for the decision after the change to
+	// come within it on a busy machine (100 ms was not, beside two busy
+	// loops).
+	const ttl = time.Second
+	b := e.replica(t, Options{ConfigCacheTTL: ttl})
 	ctx := t.Context()
 	req := backend.Request{Entity: "acme", Resource: "chat", Hits: 1, Defaults: []bucket.Limit{lim(t, "rpm", "10/min", -1)}}
 
 	d := mustDecide(t, b, req)
+	start := time.Now() // the records were cached before this
 	if d.Level != backend.LevelResource || d.Results[0].Tokens != 9000 {
 		t.Fatalf("first decision: level %v tokens %d", d.Level, d.Results[0].Tokens)
 	}
@@ -152,9 +156,9 @@ func TestAdminChangeReachesDecisions(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d = mustDecide(t, b, req); d.Level != backend.LevelResource {
-		t.Fatalf("within the cache TTL: level %v, want the cached resource level", d.Level)
+		t.Fatalf("within the cache TTL (%v after the first decision): level %v, want the cached resource level", time.Since(start), d.Level)
 	}
-	time.Sleep(150 * time.Millisecond) // past the cache TTL
+	time.Sleep(time.Until(start.Add(ttl + 100*time.Millisecond))) // past the cache TTL
 	d = mustDecide(t, b, req)
 	if d.Level != backend.LevelEntity || d.Limits[0].Burst != 100_000 {
 		t.Fatalf("after the change: level %v limits %v", d.Level, d.Limits)
