@@ -296,8 +296,17 @@ func TestChangedLimitsReachExistingBucket(t *testing.T) {
 	if _, err := e.admin(t, "").PutConfig(context.Background(), backend.RecordKey{Resource: "r"}, []bucket.Limit{lim(t, "big", "1000/min", 0)}, 0); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Millisecond) // past the cache TTL
-	d = mustDecide(t, b, req)
+	// Past the cache TTL. A refresh read begun before the change may land
+	// after it and serve the old records for one more TTL, so the first
+	// decision on the new ones is awaited (the old ones deny: rpm is
+	// empty and the test's clock stands still).
+	for deadline := time.Now().Add(2 * time.Second); ; {
+		time.Sleep(5 * time.Millisecond)
+		d = mustDecide(t, b, req)
+		if len(d.Limits) == 1 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if !d.Allowed || len(d.Limits) != 1 || d.Limits[0].Name != "big" || d.Level != backend.LevelResource {
 		t.Fatalf("raised resource record not applied: %+v", d)
 	}
