@@ -480,14 +480,19 @@ func (ls *Leases[K]) Outrun(bs []LeaseBucket[K], now int64) bool {
 			continue
 		}
 		h.mu.Lock()
-		out := h.renewing && h.dryAt > 0 && now < h.expires && h.matches(bs[i].Res, bs[i].FP) &&
-			slices.ContainsFunc(h.granted, func(g int64) bool { return g > 0 })
+		out := h.outrun(bs[i].Res, bs[i].FP, now)
 		h.mu.Unlock()
 		if out {
 			return true
 		}
 	}
 	return false
+}
+
+// outrun is Outrun for one lease, h locked.
+func (h *holding) outrun(res Resolved, fp string, now int64) bool {
+	return h.renewing && h.dryAt > 0 && now < h.expires && h.matches(res, fp) &&
+		slices.ContainsFunc(h.granted, func(g int64) bool { return g > 0 })
 }
 
 // Busy reports whether a renewal or return of some lease is under way.

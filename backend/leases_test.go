@@ -659,15 +659,6 @@ func TestLeasesOutrun(t *testing.T) {
 		{"the grant landed", []func(*Leases[string]){granted, dry, busy, func(ls *Leases[string]) {
 			ls.Credit(&b, []int64{whole(2)}, nil, nil, leaseT0+2)
 		}}, bs, leaseT0 + 3, false},
-		{"the grant landed, was spent by others, and the next is on the way", []func(*Leases[string]){granted, dry, busy, func(ls *Leases[string]) {
-			ls.Credit(&b, []int64{whole(2)}, nil, nil, leaseT0+2)
-			ls.Spend(bs, 2, leaseT0+2, 0, true) // another call takes it all
-			ls.StartRenewal(&b)
-			ls.Dry(bs, leaseT0+2) // the call that waited for it
-		}}, bs, leaseT0 + 3, true},
-		{"Dry on a lease under other limits", []func(*Leases[string]){granted, busy, func(ls *Leases[string]) {
-			ls.Dry([]LeaseBucket[string]{leaseOn("k", testLimit("rpm", 100, 200))}, leaseT0+1)
-		}}, bs, leaseT0 + 2, false},
 		{"asked under other limits", []func(*Leases[string]){granted, dry, busy},
 			[]LeaseBucket[string]{leaseOn("k", testLimit("rpm", 100, 200))}, leaseT0 + 2, false},
 	}
@@ -679,6 +670,61 @@ func TestLeasesOutrun(t *testing.T) {
 			}
 			if got := ls.Outrun(c.ask, c.at); got != c.want {
 				t.Fatalf("Outrun = %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// Beyond pays a call that cannot wait for the store from its lease, or
+// says the lease is outrun: spent, marked dry under the same lock, with a
+// grant on the way. It asks for a renewal before each try, and gives up
+// after a few when neither holds.
+func TestLeasesBeyond(t *testing.T) {
+	b := leaseOn("k", testLimit("rpm", 100, 100))
+	bs := []LeaseBucket[string]{b}
+	granted := func(ls *Leases[string]) { ls.Credit(&b, []int64{whole(2)}, nil, nil, leaseT0) }
+	spentByOthers := func(ls *Leases[string]) { ls.Spend(bs, 2, leaseT0+1, 0, true) } // paid: no dry mark
+	cases := []struct {
+		name              string
+		setup             []func(ls *Leases[string])
+		ask               []LeaseBucket[string]
+		paid, outrun      bool
+		renewals, started int
+	}{
+		{"tokens in the lease: paid", []func(*Leases[string]){granted}, bs, true, false, 1, 1},
+		// The race Beyond closes: the grant landed (no dry mark), other
+		// calls spent it, and its renewal was over before this call
+		// looked: it starts the next one and is outrun.
+		{"spent by others, no renewal under way: one is started, outrun", []func(*Leases[string]){granted, spentByOthers, func(ls *Leases[string]) { ls.Idle(b.Key) }}, bs, false, true, 1, 1},
+		// Spending it all started a renewal already.
+		{"spent by others, a renewal under way: outrun", []func(*Leases[string]){granted, spentByOthers}, bs, false, true, 1, 0},
+		{"never granted: neither, after every try", []func(*Leases[string]){func(ls *Leases[string]) { ls.Spend(bs, 1, leaseT0, 0, true) }}, bs, false, false, beyondReachTries, 1},
+		{"a key never seen: neither", nil, bs, false, false, beyondReachTries, 1},
+		{"asked under other limits: neither", []func(*Leases[string]){granted, spentByOthers},
+			[]LeaseBucket[string]{leaseOn("k", testLimit("rpm", 100, 200))}, false, false, beyondReachTries, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ls, _ := newTestLeases()
+			for _, f := range c.setup {
+				f(ls)
+			}
+			renewals, started := 0, 0
+			renew := func() {
+				renewals++
+				for i := range c.ask {
+					if ls.StartRenewal(&c.ask[i]) {
+						started++
+					}
+				}
+			}
+			_, _, paid, outrun := ls.Beyond(c.ask, 1, leaseT0+2, 0, renew)
+			if paid != c.paid || outrun != c.outrun || renewals != c.renewals || started != c.started {
+				t.Fatalf("Beyond: paid %v, outrun %v, %d renewal asks, %d started; want %v, %v, %d, %d",
+					paid, outrun, renewals, started, c.paid, c.outrun, c.renewals, c.started)
+			}
+			if outrun != ls.Outrun(c.ask, leaseT0+2) {
+				t.Fatalf("Beyond said outrun %v, Outrun after it %v", outrun, !outrun)
 			}
 		})
 	}

@@ -73,6 +73,52 @@ func (ls *Leases[K]) Asks(b *LeaseBucket[K], view BucketView, now, rtt int64) []
 // how much more it is asked than it gets. bs holds one bucket, or two
 // (a cascade), locked in the order of NewLeases' less.
 func (ls *Leases[K]) Spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, arriving bool) (results []bucket.Result, renew []LeaseBucket[K], paid bool) {
+	mode := handedBack
+	if arriving {
+		mode = arrivingCall
+	}
+	results, renew, paid, _ = ls.spend(bs, hits, now, rtt, mode)
+	return results, renew, paid
+}
+
+// beyondReachTries bounds how often Beyond starts a renewal and tries the
+// leases again: each try after the first follows a grant that landed and
+// was spent by other calls before this one could pay.
+const beyondReachTries = 3
+
+// Beyond answers from the leases of bs a call of hits that cannot wait
+// for the store (its deadline is nearer than a round trip; its demand was
+// counted on arrival). Each try first has renew start a renewal of any
+// lease with none under way, then, under the leases' locks, either pays
+// the call (as Spend) or marks the leases dry and reports outrun: a lease
+// spent with its next grant on the way, which is all this replica may
+// admit until it lands (Outrun). Taken under one lock, a grant cannot
+// land between the two and leave the call neither paid nor outrun.
+func (ls *Leases[K]) Beyond(bs []LeaseBucket[K], hits uint64, now, rtt int64, renew func()) (results []bucket.Result, low []LeaseBucket[K], paid, outrun bool) {
+	for range beyondReachTries {
+		renew()
+		if results, low, paid, outrun = ls.spend(bs, hits, now, rtt, beyondReach); paid || outrun {
+			return results, low, paid, outrun
+		}
+	}
+	return nil, nil, false, false
+}
+
+// spendMode says who asks the leases to pay.
+type spendMode int
+
+const (
+	// arrivingCall: a call just come, whose demand counts.
+	arrivingCall spendMode = iota
+	// handedBack: a call handed back from a batch; a lease that cannot
+	// pay it is not marked dry (the batch's write decides it).
+	handedBack
+	// beyondReach: a call that cannot wait for the store (Beyond).
+	beyondReach
+)
+
+func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mode spendMode) (results []bucket.Result, renew []LeaseBucket[K], paid, outrun bool) {
+	arriving := mode == arrivingCall
 	tau, window := ls.Horizon(), ls.policy.WindowMs()
 	order := []int{0}
 	if len(bs) == 2 {
@@ -87,7 +133,7 @@ func (ls *Leases[K]) Spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, arr
 			if arriving {
 				hs[i] = ls.getOrAdd(bs[i].Key)
 			} else if hs[i] = ls.get(bs[i].Key); hs[i] == nil {
-				return nil, nil, false
+				return nil, nil, false, false
 			}
 		}
 		for _, i := range order {
@@ -131,10 +177,16 @@ func (ls *Leases[K]) Spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, arr
 			ok = ok && h.tokens[j] >= bucket.Cost(l, hits)
 		}
 		if !ok {
-			if arriving {
+			switch mode {
+			case arrivingCall:
 				unmet(hs[:len(bs)], bs, hits, now)
+			case beyondReach:
+				unmet(hs[:len(bs)], bs, 0, now)
+				for k := range bs {
+					outrun = outrun || hs[k].outrun(bs[k].Res, bs[k].FP, now)
+				}
 			}
-			return nil, nil, false
+			return nil, nil, false, outrun
 		}
 	}
 	for i := range bs {
@@ -171,22 +223,7 @@ func (ls *Leases[K]) Spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, arr
 			}
 		}
 	}
-	return results, renew, true
-}
-
-// Dry marks the leases of bs spent as of now, unless they are already:
-// for a call that found a lease dry on arrival, and again after the grant
-// it waited for landed and was spent by others before it could pay. Such
-// a call's demand was counted on arrival; Outrun then says whether the
-// lease's next grant is on the way.
-func (ls *Leases[K]) Dry(bs []LeaseBucket[K], now int64) {
-	for i := range bs {
-		if h := ls.get(bs[i].Key); h != nil {
-			h.mu.Lock()
-			unmet([]*holding{h}, bs[i:i+1], 0, now)
-			h.mu.Unlock()
-		}
-	}
+	return results, renew, true, false
 }
 
 // unmet records what a call of hits asks of the leases hs (locked, lined

@@ -403,22 +403,12 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 		// stopped answering).
 		b.loadSeen(ts)
 		now := b.now()
-		b.renewNow(ts)
-		for range beyondReachTries {
-			// A grant may have landed since the lease turned this call
-			// away: it pays, if it can.
-			if d, ok := b.spend(ts, req, level, false); ok {
-				return d, nil
-			}
-			// That grant, if one landed, is spent already: the lease is
-			// dry again, and its next grant is asked for if no renewal
-			// is under way now. One that lands before the check is paid
-			// from by the next try.
-			b.leases.Dry(leasedAll(ts), now)
-			b.renewNow(ts)
-			if b.leases.Outrun(leasedAll(ts), now) && b.recentEnough(ts, now) {
-				return b.deadlineDenial(ts, req, level), nil
-			}
+		results, low, paid, outrun := b.leases.Beyond(leasedAll(ts), req.Hits, now, b.rtt.Ms(), func() { b.renewNow(ts) })
+		if paid {
+			return b.paid(ts, results, low, level), nil
+		}
+		if outrun && b.recentEnough(ts, now) {
+			return b.deadlineDenial(ts, req, level), nil
 		}
 		return b.gaveUp(ts, req, level, fmt.Errorf("bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach))
 	}
@@ -486,11 +476,6 @@ func (b *Backend) detach(ts []target, keys []bucketKey, batch []*call) bool {
 		b.decideBatch(ctx, ts, batch)
 	})
 }
-
-// beyondReachTries bounds how often a call beyond the table's reach tries
-// its lease again, each time after a grant landed and was spent by other
-// calls before it could pay.
-const beyondReachTries = 3
 
 // errBeyondReach answers a call whose deadline is nearer than the
 // table's measured round trip: as a deadline, for the failure policy.

@@ -76,12 +76,17 @@ func (b *Backend) background(ctx context.Context, t target, kind callKind) {
 // leaves low. arriving: the call has just come (not handed back from a
 // batch), and counts as demand whether the lease pays it or not.
 func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level, arriving bool) (backend.Decision, bool) {
-	lbs := leasedAll(ts)
-	results, renew, paid := b.leases.Spend(lbs, req.Hits, b.now(), b.rtt.Ms(), arriving)
+	results, renew, paid := b.leases.Spend(leasedAll(ts), req.Hits, b.now(), b.rtt.Ms(), arriving)
 	if !paid {
 		return backend.Decision{}, false
 	}
-	for _, lb := range renew {
+	return b.paid(ts, results, renew, level), true
+}
+
+// paid is the admission of a call the leases paid with results, and
+// renews in the background the leases it left low.
+func (b *Backend) paid(ts []target, results []bucket.Result, low []backend.LeaseBucket[bucketKey], level backend.Level) backend.Decision {
+	for _, lb := range low {
 		t := targetOf(lb)
 		b.bg.Go(func() { b.background(b.bg.Context(), t, renewal) })
 	}
@@ -91,5 +96,5 @@ func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level, 
 	}
 	b.stats.LocalAnswers.Add(1)
 	return backend.Decision{Allowed: true, Limits: limits, Results: results,
-		Binding: bucket.Binding(limits, results), Level: level}, true
+		Binding: bucket.Binding(limits, results), Level: level}
 }

@@ -32,11 +32,6 @@ const closeTimeout = 5 * time.Second
 // run: as the DynamoDB backend's MaxDenyStaleness default.
 const maxDenyAge = 1000
 
-// beyondReachTries bounds how often a call beyond Redis's reach tries its
-// lease again, each time after a grant landed and was spent by other
-// calls before it could pay.
-const beyondReachTries = 3
-
 // errBeyondReach answers a call whose deadline is nearer than Redis's
 // measured round trip: as a deadline, for the failure policy.
 var errBeyondReach = fmt.Errorf("redis's round trip is longer than the time left to the deadline: %w", context.DeadlineExceeded)
@@ -98,25 +93,15 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 			// admit until it lands; a lease that could not last a round
 			// trip marks a bucket at its limit: both deny, while Redis
 			// answered lately. Anything else is for the failure policy.
-			b.renewNow(lbs)
-			for range beyondReachTries {
-				// A grant may have landed since the lease turned this call
-				// away: it pays, if it can.
-				if results, renew, paid := b.leases.Spend(lbs, req.Hits, b.opts.Now(), rtt, false); paid {
-					b.renew(renew)
-					b.stats.LocalAnswers.Add(1)
-					return backend.Decision{Allowed: true, Limits: limits, Results: results,
-						Binding: bucket.Binding(limits, results), Level: level}, nil
-				}
-				// That grant, if one landed, is spent already: the lease
-				// is dry again, and its next grant is asked for if no
-				// renewal is under way now. One that lands before the
-				// check is paid from by the next try.
-				b.leases.Dry(lbs, now)
-				b.renewNow(lbs)
-				if b.leases.SeenWithin(lbs, now, maxDenyAge) && (b.leases.Outrun(lbs, now) || b.leases.Short(lbs, now, rtt)) {
-					return b.deadlineDenial(req, limits, level), nil
-				}
+			results, low, paid, outrun := b.leases.Beyond(lbs, req.Hits, now, rtt, func() { b.renewNow(lbs) })
+			if paid {
+				b.renew(low)
+				b.stats.LocalAnswers.Add(1)
+				return backend.Decision{Allowed: true, Limits: limits, Results: results,
+					Binding: bucket.Binding(limits, results), Level: level}, nil
+			}
+			if b.leases.SeenWithin(lbs, now, maxDenyAge) && (outrun || b.leases.Short(lbs, now, rtt)) {
+				return b.deadlineDenial(req, limits, level), nil
 			}
 			return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach)
 		}
