@@ -93,6 +93,10 @@ declare -A load_args=(
 	# replica (-prime), 100 callers per replica, each call with Envoy's
 	# kind of deadline (50 ms).
 	[far-limit]="-descriptor bench_far=l -fresh -concurrency 300 -timeout 50ms -warmup 0 -prime -series 1s"
+	# far-limit-warm: the same on a DynamoDB Local warmed first: a fresh
+	# emulator's JVM spends over half a core compiling in its first
+	# minute, on the cores the replicas and the callers share.
+	[far-limit-warm]="-descriptor bench_far=l -fresh -concurrency 300 -timeout 50ms -warmup 0 -prime -series 1s"
 )
 # Replicas per load, where it is not REPLICAS (default 3).
 declare -A load_replicas=(
@@ -104,6 +108,7 @@ declare -A load_replicas=(
 	[zipf-3000]=3
 	[far-zipf]=3
 	[far-limit]=3
+	[far-limit-warm]=3
 )
 # The DynamoDB delay of a load that has its own (DYNAMODB_DELAY is the
 # others'): the distance is part of what it measures.
@@ -114,12 +119,14 @@ declare -A load_delay=(
 	[zipf-3000]=5ms
 	[far-zipf]=70ms
 	[far-limit]=70ms
+	[far-limit-warm]=70ms
 )
 # How long the store is warmed before the fleet starts (fleet.sh's
 # WARM_STORE), for the loads that measure a fleet's start on a store that
 # is not itself starting.
 declare -A load_warm=(
 	[zipf-start-warm]=20s
+	[far-limit-warm]=20s
 )
 # The measured time of a load that needs its own, unless DURATION is set.
 declare -A load_duration=(

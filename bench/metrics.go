@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -44,7 +45,17 @@ const (
 	// MetricCacheMisses counts the limit lookups that read the store
 	// (DynamoDB or Redis) rather than the config cache.
 	MetricCacheMisses = "sluice_config_cache_misses_total"
+	// MetricRequests is the histogram of ShouldRateLimit calls as the
+	// replica timed them, from the call's arrival to its answer.
+	MetricRequests = "sluice_request_duration_seconds"
 )
+
+// slowBounds are the handling times a run counts the calls above
+// (Usage.SlowAnswers), by the names it reports them under: 25 ms is half
+// of the example envoy.yaml's 50 ms timeout; a call handled in over 50 ms
+// was late before it left the replica. Each is a bucket bound of
+// MetricRequests.
+func slowBounds() map[string]float64 { return map[string]float64{"25ms": 0.025, "50ms": 0.05} }
 
 // Operation label values of MetricBackendCalls.
 const (
@@ -100,6 +111,10 @@ type Snapshot struct {
 	// (MetricReadUnits ... MetricContended) that the pages served; one
 	// that none served is missing, not zero.
 	Counters map[string]float64
+	// Handled counts the ShouldRateLimit calls of MetricRequests by the
+	// upper bound of their bucket in seconds (cumulative, as Prometheus
+	// counts them; +Inf is all of them), summed over domains and codes.
+	Handled map[float64]float64
 }
 
 // ParseMetrics reads one page in the Prometheus text format.
@@ -119,6 +134,15 @@ func ParseMetrics(r io.Reader) (Snapshot, error) {
 			switch {
 			case name == MetricBackendCalls && m.GetHistogram() != nil:
 				s.Calls[Call{labels["backend"], labels["operation"]}] += float64(m.GetHistogram().GetSampleCount())
+			case name == MetricRequests && m.GetHistogram() != nil:
+				h := m.GetHistogram()
+				for _, b := range h.GetBucket() {
+					// The count is all of them; a page may list +Inf too.
+					if !math.IsInf(b.GetUpperBound(), 1) {
+						s.Handled[b.GetUpperBound()] += float64(b.GetCumulativeCount())
+					}
+				}
+				s.Handled[math.Inf(1)] += float64(h.GetSampleCount())
 			case name == MetricBackendErrors:
 				n := m.GetCounter().GetValue()
 				// A failed store call usually fails its decision too:
@@ -140,7 +164,8 @@ func ParseMetrics(r io.Reader) (Snapshot, error) {
 }
 
 func newSnapshot() Snapshot {
-	return Snapshot{Calls: map[Call]float64{}, Errors: map[string]float64{}, Failures: map[Failure]float64{}, Counters: map[string]float64{}}
+	return Snapshot{Calls: map[Call]float64{}, Errors: map[string]float64{}, Failures: map[Failure]float64{},
+		Counters: map[string]float64{}, Handled: map[float64]float64{}}
 }
 
 // add sums o into s.
@@ -156,6 +181,9 @@ func (s Snapshot) add(o Snapshot) {
 	}
 	for k, v := range o.Counters {
 		s.Counters[k] += v
+	}
+	for k, v := range o.Handled {
+		s.Handled[k] += v
 	}
 }
 
@@ -182,6 +210,9 @@ func (s Snapshot) Sub(before Snapshot) Snapshot {
 	}
 	for k, v := range s.Counters {
 		d.Counters[k] = v - before.Counters[k]
+	}
+	for k, v := range s.Handled {
+		d.Handled[k] = v - before.Handled[k]
 	}
 	return d
 }
@@ -245,6 +276,13 @@ type Usage struct {
 	LocalDenialShare *float64 `json:"local_denial_share"`
 	// CoalescedShare is CoalescedDecisions over Decisions.
 	CoalescedShare *float64 `json:"coalesced_share"`
+	// SlowAnswers counts the ShouldRateLimit calls the replicas took
+	// longer than 25 ms and 50 ms to handle, by its name; nil when no
+	// page served MetricRequests. Set beside the calls the client saw
+	// past their deadline, it tells the replicas' lateness from the
+	// machine's: the rest of a call's time is spent in the network, the
+	// transport and waiting for a core.
+	SlowAnswers map[string]float64 `json:"answered_slower_than,omitempty"`
 }
 
 // Usage derives a run's usage from s, the difference of the snapshots
@@ -298,6 +336,14 @@ func (s Snapshot) Usage(ok, overLimit uint64) Usage {
 	u.LocalDenialShare = ratio(u.LocalAnswers, float64(overLimit))
 	u.CoalescedShare = ratio(u.CoalescedDecisions, u.Decisions)
 	u.BackendCallsPerDecision = ratio(&u.BackendCalls, u.Decisions)
+	if all, ok := s.Handled[math.Inf(1)]; ok {
+		u.SlowAnswers = map[string]float64{}
+		for name, bound := range slowBounds() {
+			if within, ok := s.Handled[bound]; ok {
+				u.SlowAnswers[name] = all - within
+			}
+		}
+	}
 	return u
 }
 

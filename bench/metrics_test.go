@@ -25,6 +25,13 @@ sluice_dynamodb_condition_retries_total 3
 sluice_dynamodb_local_answers_total 10
 # TYPE sluice_decisions_total counter
 sluice_decisions_total{code="ok",domain="bench",rule="bench/bench_key"} 100
+# TYPE sluice_request_duration_seconds histogram
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="OK",le="0.01"} 95
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="OK",le="0.025"} 98
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="OK",le="0.05"} 99
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="OK",le="+Inf"} 100
+sluice_request_duration_seconds_sum{domain="bench",grpc_code="OK"} 0.3
+sluice_request_duration_seconds_count{domain="bench",grpc_code="OK"} 100
 `
 
 // The same replica after the run. Series that appear only now (PutItem,
@@ -55,6 +62,19 @@ sluice_dynamodb_condition_retries_total 10
 sluice_dynamodb_local_answers_total 208
 # TYPE sluice_decisions_total counter
 sluice_decisions_total{code="ok",domain="bench",rule="bench/bench_key"} 700
+# TYPE sluice_request_duration_seconds histogram
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="OK",le="0.01"} 680
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="OK",le="0.025"} 690
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="OK",le="0.05"} 695
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="OK",le="+Inf"} 700
+sluice_request_duration_seconds_sum{domain="bench",grpc_code="OK"} 2
+sluice_request_duration_seconds_count{domain="bench",grpc_code="OK"} 700
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="Unavailable",le="0.01"} 0
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="Unavailable",le="0.025"} 0
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="Unavailable",le="0.05"} 1
+sluice_request_duration_seconds_bucket{domain="bench",grpc_code="Unavailable",le="+Inf"} 4
+sluice_request_duration_seconds_sum{domain="bench",grpc_code="Unavailable"} 0.5
+sluice_request_duration_seconds_count{domain="bench",grpc_code="Unavailable"} 4
 `
 
 // A second replica, up only for the run: everything from zero. It serves
@@ -149,6 +169,12 @@ func TestUsage(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, *c.got, c.want)
 		}
 	}
+	// Handled over 25 ms: OK (700-690) - (100-98) = 8, Unavailable 4;
+	// over 50 ms: (700-695) - (100-99) = 4, and 3. The second page
+	// serves none.
+	if got := u.SlowAnswers; len(got) != 2 || got["25ms"] != 12 || got["50ms"] != 7 {
+		t.Errorf("handled slower than: %v, want 25ms 12, 50ms 7", got)
+	}
 }
 
 // TestUsageMissing checks that counters no page serves, and ratios over
@@ -177,6 +203,9 @@ sluice_backend_call_duration_seconds_count{backend="memory",operation="decide"} 
 		if v != nil {
 			t.Errorf("%s = %v, want n/a", name, *v)
 		}
+	}
+	if u.SlowAnswers != nil {
+		t.Errorf("handled slower than: %v, want none (no request histogram served)", u.SlowAnswers)
 	}
 	if r := (Snapshot{}).Usage(0, 0); r.CallsPerDecision != nil || r.WritesPerAllowed != nil {
 		t.Errorf("ratios over zero decisions: %v, %v; want n/a", r.CallsPerDecision, r.WritesPerAllowed)

@@ -170,8 +170,10 @@ def at_limit(rows, replicas=False):
         primed = f" (the run's {r['ok']} and {prime.get('ok', 0)} of the {prime['calls']} priming calls)" if prime else ""
         since = f", from the priming calls {prime['lead_seconds']:.3f} s before the run" if prime else ""
         shared = f"; {buckets} buckets (memory replicas share nothing)" if buckets > 1 else ""
+        slow = ((r.get("metrics") or {}).get("answered_slower_than") or {}).get("50ms")
+        handled = f" ({slow:.0f} handled in over 50 ms by the replicas)" if slow is not None else ""
         print(f"\n{r['load']}, {who}: admitted {admitted}{primed} in T = {t:.3f} s{since}, "
-              f"{r['errors']} errors, {past} past the deadline; "
+              f"{r['errors']} errors, {past} past the deadline{handled}; "
               f"bound B + R*T + 1 = {bound:.0f} ({key}: B {burst}, R {rate}/s){shared}; admitted/bound = {admitted / bound:.3f}")
 
 

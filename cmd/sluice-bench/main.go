@@ -723,6 +723,10 @@ func usage(w io.Writer, r bench.Result, u bench.Usage) {
 		fmt.Fprintf(w, "  %-32s %12s%s\n", name, value, note)
 	}
 	line("backend decisions", count(&u.Decisions), "")
+	for _, name := range slices.Sorted(maps.Keys(u.SlowAnswers)) {
+		n := u.SlowAnswers[name]
+		line("handled in over "+name, count(&n), "calls the replicas took longer than that over, arrival to answer")
+	}
 	if u.Backend == bench.BackendRedis {
 		// None of the DynamoDB lines below means anything on Redis.
 		line("redis round trips", count(&u.BackendCalls), formatCounts(u.BackendCallsByOp))
