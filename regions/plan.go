@@ -23,35 +23,41 @@ const Horizon = 4
 // what it was asked over the last slot (in parts too: the rate asked, as
 // a share of the limit's). Regions missing from demand are left out and
 // keep their bases: the parts planned are the bases of the regions in
-// it. While their demands with Headroom fit, each gets that and the rest
-// is spread over them by base; past that, the parts are shared in
-// proportion to demand. Every sync that reads the same demand computes
-// the same targets; they sum to at most the planned parts.
+// it. While their demands with Headroom fit, a region whose demand fits
+// its base keeps its base and one whose demand does not gets it, from
+// the others' room in proportion to how much each has; past that, the
+// parts are shared in proportion to demand. So a key whose demand fits
+// every region's base moves nothing. Every sync that reads the same
+// demand computes the same targets; they sum to at most the planned
+// parts.
 func Targets(s Split, demand map[Region]int64) map[Region]int64 {
-	names := slices.Sorted(maps.Keys(demand))
-	var avail, wanted, bases int64
-	want := make(map[Region]int64, len(names))
-	for _, r := range names {
+	var avail, wanted, need, room int64
+	want := make(map[Region]int64, len(demand))
+	for r, d := range demand {
 		if !s.Has(r) {
 			continue
 		}
-		avail += s.Base(r)
-		bases += s.Base(r)
 		// A demand past a hundred limits plans as a hundred: the
 		// shares are the same, and the sums cannot overflow.
-		want[r] = mulDiv(min(max(demand[r], 0), 100*Total), 100+Headroom, 100)
-		wanted += want[r]
+		w := mulDiv(min(max(d, 0), 100*Total), 100+Headroom, 100)
+		want[r] = w
+		wanted += w
+		avail += s.Base(r)
+		need += max(w-s.Base(r), 0)
+		room += max(s.Base(r)-w, 0)
 	}
 	out := make(map[Region]int64, len(want))
-	if wanted <= avail {
-		spare := avail - wanted
-		for r, w := range want {
-			out[r] = w + mulDiv(spare, s.Base(r), bases)
-		}
-		return out
-	}
 	for r, w := range want {
-		out[r] = mulDiv(avail, w, wanted)
+		switch b := s.Base(r); {
+		case wanted > avail:
+			out[r] = mulDiv(avail, w, wanted)
+		case w >= b:
+			out[r] = w
+		default:
+			// room >= need here; rounding up what is given keeps the
+			// sum within avail.
+			out[r] = b - mulDivUp(b-w, need, room)
+		}
 	}
 	return out
 }
@@ -191,7 +197,7 @@ func (rec *Record) giveBack(s Split, me Region, f Slot, target int64) {
 				continue
 			}
 			spare := min(rec.Share(s, me, f), rec.Share(s, me, f+1)) - target
-			if spare-l.Parts < hysteresis(target) {
+			if spare < l.Parts {
 				continue
 			}
 			l.Back = max(f, l.From)

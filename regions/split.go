@@ -84,6 +84,18 @@ func Scale(l bucket.Limit, parts int64) bucket.Limit {
 	return l
 }
 
+// mulDivUp is a*b/c rounded up, under the same terms as mulDiv.
+func mulDivUp(a, b, c int64) int64 {
+	q := mulDiv(a, b, c)
+	if a > 0 {
+		hi, lo := bits.Mul64(uint64(a), uint64(b))
+		if _, rem := bits.Div64(hi, lo, uint64(c)); rem != 0 {
+			q++
+		}
+	}
+	return q
+}
+
 // mulDiv is a*b/c rounded down, without overflow, for 0 <= b <= c and
 // c > 0; a negative a counts as 0 (a valid limit has none).
 func mulDiv(a, b, c int64) int64 {
