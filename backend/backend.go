@@ -44,6 +44,9 @@ type Request struct {
 	Hits uint64
 	// Refund gives Hits back instead of taking them.
 	Refund bool
+	// Global marks the limits of a rule marked global: the backend
+	// enforces its region's part of them (Global).
+	Global bool
 }
 
 // Decision is a backend's answer to a Request.

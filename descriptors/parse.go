@@ -160,7 +160,7 @@ func (p *fileParser) node(n *yaml.Node, parent *Rule, parentKeys []string, lvl l
 		// envoyproxy/ratelimit's keys, then Sluice's.
 		"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "share_threshold",
 		"quota_mode", "value_to_metric", "metadata",
-		"limits", "entity", "resource", "parent")
+		"limits", "entity", "resource", "parent", "global")
 	key, ok := p.requiredString(n, f, "key", "descriptor")
 	if !ok {
 		return
@@ -190,6 +190,7 @@ func (p *fileParser) node(n *yaml.Node, parent *Rule, parentKeys []string, lvl l
 
 	r.ShadowMode = p.boolField(f, "shadow_mode")
 	r.QuotaMode = p.boolField(f, "quota_mode")
+	r.Global = p.boolField(f, "global")
 	r.DetailedMetric = p.boolField(f, "detailed_metric")
 	r.ValueToMetric = p.boolField(f, "value_to_metric")
 	if mf, ok := f["metadata"]; ok && mf.val.ShortTag() != "!!null" && p.isMapping(mf.val, "metadata") {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
 	"github.com/sluice-rl/sluice/backend/bucket"
 )
 
@@ -65,6 +67,8 @@ func TestValidationErrors(t *testing.T) {
 			[]wantErr{{"a.yaml", 3, "key: want a string, got a list"}}},
 		{"boolean of the wrong type", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n"},
 			[]wantErr{{"a.yaml", 4, `shadow_mode: want true or false, got a string ("maybe")`}}},
+		{"global not a boolean", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    global: everywhere\n"},
+			[]wantErr{{"a.yaml", 4, `global: want true or false, got a string ("everywhere")`}}},
 		{"quota_mode not a boolean", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    quota_mode: soft\n"},
 			[]wantErr{{"a.yaml", 4, `quota_mode: want true or false, got a string ("soft")`}}},
 		{"metadata not a mapping", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    metadata: [a, b]\n"},
@@ -209,6 +213,35 @@ func TestValidationErrors(t *testing.T) {
 				t.Errorf("%d errors, want %d:\n%v", len(got), len(tt.want), err)
 			}
 		})
+	}
+}
+
+// global marks a node's limits as one limit across regions; it is not
+// inherited by the node's children, which have limits of their own.
+func TestGlobalKey(t *testing.T) {
+	c := mustLoad(t, map[string]string{"a.yaml": `domain: d
+descriptors:
+  - key: tenant
+    global: true
+    limits: [{name: rpm, rate: 1000/min}]
+    descriptors:
+      - key: path
+        limits: [{name: rpm, rate: 10/s}]
+  - key: ip
+    limits: [{name: rps, rate: 5/s}]
+`})
+	for _, x := range []struct {
+		d    *rlv3.RateLimitDescriptor
+		want bool
+	}{
+		{desc("tenant", "t1"), true},
+		{desc("tenant", "t1", "path", "/a"), false},
+		{desc("ip", "192.0.2.1"), false},
+	} {
+		m, ok := c.Match("d", x.d)
+		if !ok || m.Rule.Global != x.want {
+			t.Errorf("%v: matched %v, global %v; want global %v", x.d.GetEntries(), ok, m.Rule.Global, x.want)
+		}
 	}
 }
 

@@ -32,6 +32,11 @@ type Rule struct {
 	// passes and the violation is reported instead (in the response's
 	// dynamic metadata), as envoyproxy/ratelimit does for a soft quota.
 	QuotaMode bool
+	// Global (global) marks the node's limits, whatever level they
+	// resolve from, as one limit for the whole fleet across regions: a
+	// replica configured with its region and the regions' weights
+	// enforces its region's part of each (backend.Global).
+	Global bool
 	// DetailedMetric and ValueToMetric put request values into the rule's
 	// stats key (StatsKey): every value of the request, or the value of
 	// this level.

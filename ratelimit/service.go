@@ -237,6 +237,7 @@ func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRe
 		Resource: m.Resource,
 		Parent:   m.Parent,
 		Defaults: m.Rule.Limits,
+		Global:   m.Rule.Global,
 		Hits:     weight,
 		Refund:   d.GetIsNegativeHits(),
 	})

@@ -70,6 +70,9 @@ type Options struct {
 	// LeaseShare is the part of a limit's burst the fleet's leases may
 	// hold together (lease.DefaultShare).
 	LeaseShare float64
+	// Global is the part of a limit marked global this replica enforces
+	// (its region's); the zero Global enforces it whole.
+	Global backend.Global
 	// Now returns the time in epoch milliseconds; nil is the wall clock.
 	Now func() int64
 	// OnBucketWrite, when set, hears every bucket written with the TTL it
@@ -359,6 +362,7 @@ func (b *Backend) guess(req *backend.Request, ts []target) (_ []target, _ backen
 	}
 	// A Set never fails to resolve: it answers from memory.
 	res, _ := backend.Resolve(context.Background(), set, req.Entity, req.Resource, req.Defaults)
+	res = b.opts.Global.Apply(req.Global, res)
 	if len(res.Limits) > 0 {
 		ts = append(ts, target{key: k, res: res, fp: bucket.Fingerprint(res.Limits)})
 	}
@@ -676,6 +680,7 @@ func (b *Backend) targets(ctx context.Context, req *backend.Request, ts []target
 		if err != nil {
 			return nil, level, err
 		}
+		res = b.opts.Global.Apply(req.Global, res)
 		if i == 0 {
 			level = res.Level
 		}

@@ -42,6 +42,9 @@ type Options struct {
 	TTLMultiplier int64
 	// MaxBuckets caps the buckets held. Zero means DefaultMaxBuckets.
 	MaxBuckets int
+	// Global is the part of a limit marked global this replica enforces
+	// (its region's); the zero Global enforces it whole.
+	Global backend.Global
 	// Now returns the time in epoch milliseconds. Nil means the wall clock.
 	Now func() int64
 	// SweepInterval is how often idle buckets are dropped; 0 means a minute
@@ -125,6 +128,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		if err != nil {
 			return backend.Decision{}, err
 		}
+		res = b.opts.Global.Apply(req.Global, res)
 		if i == 0 {
 			level = res.Level
 		}

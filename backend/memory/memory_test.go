@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/regions"
 )
 
 // fakeClock is a settable clock in epoch milliseconds.
@@ -396,5 +397,41 @@ func TestCancelledContext(t *testing.T) {
 	cancel()
 	if _, err := b.Decide(ctx, &backend.Request{Entity: "e", Resource: "r", Hits: 1}); err == nil {
 		t.Fatal("a cancelled request was decided")
+	}
+}
+
+// TestGlobalLimitSplitByRegion: a memory replica in a region weighted 1
+// of 4 enforces a quarter of a global limit, and a rule not global whole.
+func TestGlobalLimitSplitByRegion(t *testing.T) {
+	split, err := regions.NewSplit(map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := backend.NewGlobal(split, "eu-west-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := newTestBackend(t, Options{Global: g})
+	l := []bucket.Limit{limit(t, "rps=400/s")}
+	for _, c := range []struct {
+		global bool
+		want   int
+	}{{true, 100}, {false, 400}} {
+		admitted := 0
+		for range 500 {
+			d, err := b.Decide(context.Background(), &backend.Request{Entity: "t", Resource: fmt.Sprint(c.global), Defaults: l, Hits: 1, Global: c.global})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				admitted++
+			}
+		}
+		if admitted != c.want {
+			t.Errorf("global %v: admitted %d, want %d", c.global, admitted, c.want)
+		}
+	}
+	if _, err := backend.NewGlobal(split, "mars"); err == nil {
+		t.Error("NewGlobal took a region not in the split")
 	}
 }

@@ -30,6 +30,9 @@ type Options struct {
 	// kept (100,000).
 	ConfigCacheTTL  time.Duration
 	ConfigCacheSize int
+	// Global is the part of a limit marked global this replica enforces
+	// (its region's); the zero Global enforces it whole.
+	Global backend.Global
 	// Now returns the time in epoch milliseconds; nil is the wall clock.
 	// Buckets are refilled by this clock, as on DynamoDB, so replicas
 	// need synchronised clocks (NTP's milliseconds are plenty).
@@ -253,6 +256,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		if err != nil {
 			return backend.Decision{}, err
 		}
+		r = b.opts.Global.Apply(req.Global, r)
 		if i == 0 {
 			level = r.Level
 		}

@@ -58,6 +58,7 @@ type serveOptions struct {
 	dynamicMetadata               bool
 	responseHeaders               bool
 	pprof                         bool
+	globalRegion, globalRegions   string
 	shutdownTimeout               time.Duration
 	logLevel, logFormat           string
 	nearLimitRatio                float64
@@ -131,6 +132,8 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.coalesceWrites, "coalesce-writes", true, "dynamodb and redis backends: decisions for a bucket that arrive while its write is in flight are decided together and written as one (redis: decisions on any bucket that arrive while the script is in flight share its next run)")
 	f.DurationVar(&o.denyStaleness, "deny-staleness", time.Second, "dynamodb backend: deny without calling DynamoDB from a bucket state seen at most this long ago; 0 turns it off")
 	f.DurationVar(&o.leaseHorizon, "lease-horizon", ddb.DefaultLeaseHorizon, "dynamodb and redis backends: how long the tokens a replica leases from a bucket should last at its own demand (most decisions then need no call to the store); 0 turns leases off: every allowed decision writes")
+	f.StringVar(&o.globalRegion, "global-region", "", "this replica's region among --global-regions: it enforces that region's part of every rule marked global")
+	f.StringVar(&o.globalRegions, "global-regions", "", "the regions that share the rules marked global, each with its weight (us-east-1=2,eu-west-1=1; a region's part is its weight over their sum); the same in every region; empty: global rules are enforced whole")
 	f.IntVar(&o.memoryMaxBuckets, "memory-max-buckets", memory.DefaultMaxBuckets, "memory backend: most buckets held; least recently used go first")
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
 	f.BoolVar(&o.quotaMode, "quota-mode", false, "treat every limited descriptor as quota_mode does: over its limit, it fails a request only when all of the request's quota-mode descriptors are")
@@ -352,6 +355,10 @@ type servedBackend interface {
 // table must exist: serve stops at once, naming the fix, rather than
 // failing every request.
 func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry, log *slog.Logger) (servedBackend, error) {
+	global, err := parseGlobal(o.globalRegion, o.globalRegions)
+	if err != nil {
+		return nil, err
+	}
 	switch o.backend {
 	case "memory":
 		var ov *memory.Overrides
@@ -362,7 +369,7 @@ func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry, 
 			}
 		}
 		return memory.New(memory.Options{Overrides: ov, TTLMultiplier: o.ttlMultiplier, MaxBuckets: o.memoryMaxBuckets,
-			OnBucketWrite: tel.BucketWritten}), nil
+			OnBucketWrite: tel.BucketWritten, Global: global}), nil
 	case "dynamodb":
 		if o.table == "" {
 			return nil, usageError{errors.New("--backend dynamodb needs --table (create it with: sluice table create --table NAME)")}
@@ -390,7 +397,7 @@ func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry, 
 		}
 		opts := ddb.Options{Table: o.table, KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier,
 			ConfigCacheTTL: o.configCacheTTL, MaxDenyStaleness: o.denyStaleness, LeaseHorizon: o.leaseHorizon,
-			OnBucketWrite: tel.BucketWritten}
+			OnBucketWrite: tel.BucketWritten, Global: global}
 		if o.leaseHorizon == 0 {
 			opts.LeaseHorizon = -1 // the backend's "no leases"
 		}
@@ -419,7 +426,7 @@ func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry, 
 		}
 		ro := redis.Options{KeyPrefix: o.keyPrefix, TTLMultiplier: o.ttlMultiplier,
 			ConfigCacheTTL: o.configCacheTTL, OnBucketWrite: tel.BucketWritten, Call: tel.RedisCall,
-			LeaseHorizon: o.leaseHorizon}
+			LeaseHorizon: o.leaseHorizon, Global: global}
 		if !o.coalesceWrites {
 			ro.MaxBatch = 1
 		}

@@ -261,6 +261,8 @@ func TestServeFailsFastOnBadSetup(t *testing.T) {
 		{"unknown backend", append([]string{"serve", "--config-dir", good, "--backend", "redis"}, local...), nil, 2, "redis"},
 		{"bad overrides", append([]string{"serve", "--config-dir", good, "--overrides", filepath.Join(bad, "x.yaml")}, local...), nil, 1, "overrides"},
 		{"bad log format", append([]string{"serve", "--config-dir", good, "--log-format", "xml"}, local...), nil, 2, "xml"},
+		{"global region alone", append([]string{"serve", "--config-dir", good, "--global-region", "eu-west-1"}, local...), nil, 2, "go together"},
+		{"global region not in the split", append([]string{"serve", "--config-dir", good, "--global-region", "mars", "--global-regions", "us-east-1=1"}, local...), nil, 2, "mars"},
 		{"unknown flag", []string{"serve", "--grpc-adr", ":1"}, nil, 2, "grpc-adr"},
 		{"check without domain", []string{"check", "--descriptor", "a=b"}, nil, 2, "--domain"},
 		{"check bad descriptor", []string{"check", "--domain", "d", "--descriptor", "novalue"}, nil, 2, "key=value"},
@@ -275,6 +277,46 @@ func TestServeFailsFastOnBadSetup(t *testing.T) {
 		}
 		for k := range c.env {
 			os.Unsetenv(k)
+		}
+	}
+}
+
+// TestServeGlobalRule: a replica of a region weighted 1 in 4 answers a
+// rule marked global with its quarter of the limit, over gRPC, and a rule
+// not marked global with all of it.
+func TestServeGlobalRule(t *testing.T) {
+	dir := t.TempDir()
+	rules := `domain: api
+descriptors:
+  - key: tenant
+    global: true
+    limits: [{name: rpm, rate: 400/min}]
+  - key: ip
+    limits: [{name: rpm, rate: 400/min}]
+`
+	if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(rules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o := testOptions(dir)
+	o.globalRegion, o.globalRegions = "eu-west-1", "us-east-1=3,eu-west-1=1"
+	s, _, _ := startTestServer(t, o)
+	client := dial(t, s.grpcLn.Addr().String())
+	for key, want := range map[string]int{"tenant": 100, "ip": 400} {
+		ok := 0
+		for range 450 {
+			resp, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api",
+				Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: key, Value: "t1"}}}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+				ok++
+			}
+		}
+		// The refill while the calls run (7 tokens a second for the
+		// whole limit) may add a few, on a busy machine.
+		if ok < want || ok > want+want/20 {
+			t.Errorf("%s: %d of 450 calls passed, want %d", key, ok, want)
 		}
 	}
 }

@@ -1,0 +1,90 @@
+package dynamodb
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/regions"
+)
+
+// TestGlobalLimitSplitByRegion runs a global limit of 400/s (burst 400)
+// in two regions, each on a table of its own with two replicas, weighted
+// 3 to 1: each region admits exactly its part, its burst and then its
+// part of the rate, and the two together exactly the limit's, with no
+// call between them. A rule that is not global is enforced whole in each.
+func TestGlobalLimitSplitByRegion(t *testing.T) {
+	split, err := regions.NewSplit(map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	us, eu := newEnv(t), newEnv(t)
+	eu.clock = us.clock // one true time
+	fleet := map[regions.Region][]*Backend{}
+	for name, e := range map[regions.Region]*env{"us-east-1": us, "eu-west-1": eu} {
+		g, err := backend.NewGlobal(split, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			// No leases: every admission is a token out of the region's
+			// bucket, so the counts are exact.
+			fleet[name] = append(fleet[name], e.replica(t, Options{Global: g, LeaseHorizon: -1}))
+		}
+	}
+	limit := []bucket.Limit{lim(t, "rps", "400/s", 400)}
+	admit := func(global bool, calls int) map[regions.Region]int {
+		counts := map[regions.Region]int{}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for name, replicas := range fleet {
+			for _, b := range replicas {
+				wg.Go(func() {
+					var n atomic.Int64
+					for range calls {
+						d, err := b.Decide(context.Background(), &backend.Request{Entity: "tenant-1", Resource: "api", Defaults: limit, Hits: 1, Global: global})
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if d.Allowed {
+							n.Add(1)
+						}
+					}
+					mu.Lock()
+					counts[name] += int(n.Load())
+					mu.Unlock()
+				})
+			}
+		}
+		wg.Wait()
+		return counts
+	}
+	if got := admit(true, 250); got["us-east-1"] != 300 || got["eu-west-1"] != 100 {
+		t.Errorf("the burst: us-east-1 admitted %d, eu-west-1 %d; want 300 and 100", got["us-east-1"], got["eu-west-1"])
+	}
+	us.clock.advance(500)
+	if got := admit(true, 250); got["us-east-1"] != 150 || got["eu-west-1"] != 50 {
+		t.Errorf("half a second on: us-east-1 admitted %d, eu-west-1 %d; want 150 and 50", got["us-east-1"], got["eu-west-1"])
+	}
+	// Another resource, not global: each region holds the whole limit.
+	limit = []bucket.Limit{lim(t, "rps", "400/s", 400)}
+	local := func() map[regions.Region]int {
+		counts := map[regions.Region]int{}
+		for name, replicas := range fleet {
+			for range 500 {
+				d := mustDecide(t, replicas[0], backend.Request{Entity: "tenant-1", Resource: "local", Defaults: limit, Hits: 1})
+				if d.Allowed {
+					counts[name]++
+				}
+			}
+		}
+		return counts
+	}
+	if got := local(); got["us-east-1"] != 400 || got["eu-west-1"] != 400 {
+		t.Errorf("a rule not global: us-east-1 admitted %d, eu-west-1 %d; want 400 each", got["us-east-1"], got["eu-west-1"])
+	}
+}
