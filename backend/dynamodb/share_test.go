@@ -1,0 +1,75 @@
+package dynamodb
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/regions"
+)
+
+// TestShareRecords writes and reads a region's share record of a global
+// key as the sync will: a write on a version that moved on is refused,
+// the entity's operator-written config beside it is never touched, and a
+// record that does not decode is an error, not "none".
+func TestShareRecords(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.admin(t, "")
+	ctx := t.Context()
+	if _, ok, err := a.GetShare(ctx, "tenant-1", "api"); ok || err != nil {
+		t.Fatalf("before any write: found %v, %v", ok, err)
+	}
+	op := []bucket.Limit{lim(t, "rpm", "600/min", -1)}
+	if _, err := a.PutConfig(ctx, backend.RecordKey{Entity: "tenant-1", Resource: "api"}, op, 0); err != nil {
+		t.Fatal(err)
+	}
+
+	rec := regions.Record{Out: map[regions.Region]regions.Loans{"eu-west-1": {{Made: 10, From: 11, To: 14, Parts: 250_000}}}}
+	v, err := a.PutShare(ctx, "tenant-1", "api", rec, 0, 1_800_000_000)
+	if err != nil || v != 1 {
+		t.Fatalf("first write: version %d, %v", v, err)
+	}
+	got, ok, err := a.GetShare(ctx, "tenant-1", "api")
+	if err != nil || !ok || got.Version != 1 || !got.Record.Equal(rec) {
+		t.Fatalf("read back %+v (%v, %v), want %+v at version 1", got, ok, err, rec)
+	}
+	// A second sync that planned from no record, or from version 0 again.
+	if _, err := a.PutShare(ctx, "tenant-1", "api", regions.Record{}, 0, 0); !errors.Is(err, ErrShareChanged) {
+		t.Errorf("a write planned from no record over version 1: %v, want ErrShareChanged", err)
+	}
+	rec.Out["eu-west-1"][0].To = 16
+	if v, err = a.PutShare(ctx, "tenant-1", "api", rec, 1, 0); err != nil || v != 2 {
+		t.Fatalf("second write: version %d, %v", v, err)
+	}
+	if _, err := a.PutShare(ctx, "tenant-1", "api", rec, 1, 0); !errors.Is(err, ErrShareChanged) {
+		t.Errorf("a write planned from version 1 over version 2: %v, want ErrShareChanged", err)
+	}
+	if c, ok, err := a.GetConfig(ctx, backend.RecordKey{Entity: "tenant-1", Resource: "api"}); err != nil || !ok || c.TTL != 0 || len(c.Limits) != 1 || c.Limits[0] != op[0] {
+		t.Errorf("the operator's config after the share writes: %+v (%v, %v)", c, ok, err)
+	}
+	item := e.rawItem(t, a.keys.EntityPK("tenant-1"), a.keys.ShareSK("api"))
+	if _, ok := item[attrTTL]; ok {
+		t.Errorf("a write without ttl kept the earlier ttl: %v", item[attrTTL])
+	}
+
+	// A damaged record.
+	if _, err := e.client.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: aws.String(e.table), Item: map[string]types.AttributeValue{
+		attrPK: str(a.keys.EntityPK("tenant-2")), attrSK: str(a.keys.ShareSK("api")),
+		attrShare: str(`{"v":1,"o":{"us":[[1,2,3,-4,0]]}}`), attrShareVer: num(3),
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := a.GetShare(ctx, "tenant-2", "api"); err == nil || ok {
+		t.Errorf("a damaged record read as %v, %v; want an error", ok, err)
+	}
+	if _, err := a.PutShare(ctx, "tenant-2", "api", regions.Record{Out: map[regions.Region]regions.Loans{"us": {{Parts: -1}}}}, 3, 0); err == nil {
+		t.Error("PutShare wrote a loan of -1 parts")
+	}
+}
