@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -75,7 +76,7 @@ func (a *Admin) Children(ctx context.Context, parent string, fn func(backend.Ent
 }
 
 // DeleteEntity deletes every item of entity (its META, configs and
-// buckets) and returns how many it deleted. It reads the keys page by page
+// buckets, not its share records) and returns how many it deleted. It reads the keys page by page
 // and deletes them 25 at a time, asking again for what DynamoDB leaves
 // unprocessed, within ctx and maxBatchAttempts calls a batch.
 func (a *Admin) DeleteEntity(ctx context.Context, entity string) (int, error) {
@@ -87,7 +88,11 @@ func (a *Admin) DeleteEntity(ctx context.Context, entity string) (int, error) {
 		ExpressionAttributeValues: map[string]types.AttributeValue{":pk": str(a.keys.EntityPK(entity))},
 		ConsistentRead:            aws.Bool(true),
 	}, func(av map[string]types.AttributeValue) error {
-		keys = append(keys, primaryKey(av))
+		// A share record is the sync's: the loans in it stay lent in
+		// other regions until they end, which its ttl follows.
+		if !strings.HasPrefix(attrS(av, attrSK), shareSKMarker) {
+			keys = append(keys, primaryKey(av))
+		}
 		return nil
 	})
 	if err != nil {

@@ -72,4 +72,16 @@ func TestShareRecords(t *testing.T) {
 	if _, err := a.PutShare(ctx, "tenant-2", "api", regions.Record{Out: map[regions.Region]regions.Loans{"us": {{Parts: -1}}}}, 3, 0); err == nil {
 		t.Error("PutShare wrote a loan of -1 parts")
 	}
+
+	// Deleting the entity leaves the sync's record: its loans are lent
+	// in other regions until they end.
+	if _, err := a.DeleteEntity(ctx, "tenant-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := a.GetConfig(ctx, backend.RecordKey{Entity: "tenant-1", Resource: "api"}); ok {
+		t.Error("DeleteEntity left the entity's config")
+	}
+	if s, ok, err := a.GetShare(ctx, "tenant-1", "api"); !ok || err != nil || s.Version != 2 {
+		t.Errorf("DeleteEntity took the share record: %+v, %v, %v", s, ok, err)
+	}
 }

@@ -77,6 +77,7 @@ func NewAdmin(client rueidis.Client, keyPrefix string, now func() int64) (*Admin
 		replaceHash: rueidis.NewLuaScript(replaceHashLua),
 		take:        rueidis.NewLuaScript(takeLua),
 		setApplied:  rueidis.NewLuaScript(setAppliedLua),
+		putShare:    rueidis.NewLuaScript(putShareLua),
 	}
 	return &Admin{client: client, keys: keys, now: now, scripts: scripts, scanCount: scanCount}, nil
 }
@@ -113,7 +114,7 @@ return 1`
 // adminScripts are the Admin's scripts, each sent by EVALSHA (and EVAL
 // once where the server does not know it yet).
 type adminScripts struct {
-	replaceHash, take, setApplied *rueidis.Lua
+	replaceHash, take, setApplied, putShare *rueidis.Lua
 }
 
 // configKey is the Redis key of the record k.

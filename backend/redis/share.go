@@ -1,0 +1,99 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/sluice-rl/sluice/regions"
+)
+
+// A region's share record of a global key (regions.Record) is a hash of
+// its own, {prefix}:s:{entity}:{resource}, with the record ("sh") and a
+// version ("ver"). Only the sync writes it, by a script that writes on
+// the condition that the version is still the one the write was planned
+// from, so two syncs of one region never write over each other's loans;
+// an operator's config is another key, never touched by it.
+const (
+	fieldShare    = "sh"
+	fieldShareVer = "ver"
+
+	// putShareLua writes the share hash KEYS[1] (record ARGV[3], version
+	// ARGV[2], expiring at ARGV[4] epoch ms, "0": never) if its version
+	// is still ARGV[1] ("0": none), and answers 1; else 0, writing
+	// nothing.
+	putShareLua = `
+local v = redis.call('HGET', KEYS[1], 'ver')
+if (v or '0') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'ver', ARGV[2], 'sh', ARGV[3])
+if ARGV[4] ~= '0' then redis.call('PEXPIREAT', KEYS[1], ARGV[4]) end
+return 1`
+)
+
+// Share is the key of entity's share record for resource.
+func (k Keys) Share(entity, resource string) string {
+	return k.base() + ":s:" + seg(entity) + ":" + seg(resource)
+}
+
+// Share is a share record as Redis holds it.
+type Share struct {
+	Record regions.Record
+	// Version counts the writes of the record; 0 when none is stored.
+	Version int64
+}
+
+// ErrShareChanged is PutShare's answer when the stored record is no
+// longer at the version the write was planned from.
+var ErrShareChanged = errors.New("the share record changed since it was read")
+
+// GetShare reads the share record of entity's bucket for resource. None
+// stored is (Share{}, false, nil); one that does not decode is an error,
+// never "none": a region taken as holding no loans enforces its whole
+// base.
+func (a *Admin) GetShare(ctx context.Context, entity, resource string) (Share, bool, error) {
+	if entity == "" || resource == "" {
+		return Share{}, false, fmt.Errorf("a share record needs an entity and a resource, got %q and %q", entity, resource)
+	}
+	h, err := a.client.Do(ctx, a.client.B().Hgetall().Key(a.keys.Share(entity, resource)).Build()).AsStrMap()
+	if err != nil {
+		return Share{}, false, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, err)
+	}
+	if len(h) == 0 {
+		return Share{}, false, nil
+	}
+	ver, err := strconv.ParseInt(h[fieldShareVer], 10, 64)
+	if err != nil || ver < 1 {
+		return Share{}, false, fmt.Errorf("the share of %q/%q: version %q", entity, resource, h[fieldShareVer])
+	}
+	rec, err := regions.Decode([]byte(h[fieldShare]))
+	if err != nil {
+		return Share{}, false, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
+	}
+	return Share{Record: rec, Version: ver}, true, nil
+}
+
+// PutShare writes rec as the share record of entity's bucket for
+// resource, on the condition that the stored one is still at version (0:
+// that none is stored), and returns the new version. expireAt (epoch
+// milliseconds, 0 for never) lets Redis drop the hash once its loans are
+// over. A lost condition is ErrShareChanged.
+func (a *Admin) PutShare(ctx context.Context, entity, resource string, rec regions.Record, version, expireAt int64) (int64, error) {
+	if entity == "" || resource == "" {
+		return 0, fmt.Errorf("a share record needs an entity and a resource, got %q and %q", entity, resource)
+	}
+	b, err := regions.Encode(rec)
+	if err != nil {
+		return 0, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
+	}
+	args := []string{strconv.FormatInt(version, 10), strconv.FormatInt(version+1, 10), string(b), strconv.FormatInt(max(expireAt, 0), 10)}
+	ok, err := a.scripts.putShare.Exec(ctx, a.client, []string{a.keys.Share(entity, resource)}, args).AsInt64()
+	if err != nil {
+		return 0, fmt.Errorf("writing the share of %q/%q: %w", entity, resource, err)
+	}
+	if ok != 1 {
+		return 0, fmt.Errorf("the share of %q/%q at version %d: %w", entity, resource, version, ErrShareChanged)
+	}
+	return version + 1, nil
+}
