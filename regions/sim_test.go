@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 )
@@ -43,25 +44,24 @@ type simRegion struct {
 	replicas []int64
 }
 
-// current is the record at true time t.
+// current is the record at true time t. Versions land in the order they
+// were written (a plan waits for the write before it: runSync), so they
+// are sorted by at.
 func (r *simRegion) current(t int64) Record {
-	var rec Record
-	for _, v := range r.versions {
-		if v.at <= t {
-			rec = v.rec
-		}
+	i := sort.Search(len(r.versions), func(i int) bool { return r.versions[i].at > t })
+	if i == 0 {
+		return Record{}
 	}
-	return rec
+	return r.versions[i-1].rec
 }
 
 // held are the records a replica may still hold at true time t: the one
 // current when its copy was read, at most CacheFor before.
 func (r *simRegion) held(c Clock, t int64) []Record {
 	recs := []Record{r.current(t - c.CacheFor())}
-	for _, v := range r.versions {
-		if v.at > t-c.CacheFor() && v.at <= t {
-			recs = append(recs, v.rec)
-		}
+	i := sort.Search(len(r.versions), func(i int) bool { return r.versions[i].at > t-c.CacheFor() })
+	for ; i < len(r.versions) && r.versions[i].at <= t; i++ {
+		recs = append(recs, r.versions[i].rec)
 	}
 	return recs
 }
