@@ -12,9 +12,16 @@ import (
 // own table or Redis: its region's part of each limit, so that the
 // regions together admit no more than the limit (DESIGN section 14). The
 // zero Global enforces them whole, as a fleet in one region does.
+//
+// A Global made by NewGlobal enforces its region's base, fixed by weight.
+// One made Moving enforces what its region's share record of each key
+// gives it (regions.Record.InForce), read from the region's store: the
+// base, less what the region lent, plus what it borrowed.
 type Global struct {
 	region regions.Region
-	parts  int64 // of regions.Total; 0 in the zero Global
+	split  regions.Split
+	clock  regions.Clock
+	moving bool
 }
 
 // NewGlobal is the Global of a replica in region, one of split's.
@@ -22,30 +29,66 @@ func NewGlobal(split regions.Split, region regions.Region) (Global, error) {
 	if !split.Has(region) {
 		return Global{}, fmt.Errorf("region %q is not one of the global limits' regions %v", region, split.Regions())
 	}
-	return Global{region: region, parts: split.Base(region)}, nil
+	return Global{region: region, split: split}, nil
+}
+
+// Moving is g with shares that follow its region's share records, on the
+// regions' clock c (every region's replicas and syncs use the same).
+func (g Global) Moving(c regions.Clock) (Global, error) {
+	if g.region == "" {
+		return Global{}, fmt.Errorf("moving shares need a region")
+	}
+	if err := c.Validate(); err != nil {
+		return Global{}, err
+	}
+	g.clock, g.moving = c, true
+	return g, nil
 }
 
 // Region is the replica's region; "" in the zero Global.
 func (g Global) Region() regions.Region { return g.region }
 
-// Parts is what g enforces of a global limit, in regions.Total parts.
+// Moves reports whether g follows share records.
+func (g Global) Moves() bool { return g.moving }
+
+// Clock is the regions' clock of a moving Global.
+func (g Global) Clock() regions.Clock { return g.clock }
+
+// Parts is what g enforces of a global limit, in regions.Total parts,
+// with no share record: its region's base (the whole limit in the zero
+// Global).
 func (g Global) Parts() int64 {
-	if g.parts == 0 {
+	if g.region == "" {
 		return regions.Total
 	}
-	return g.parts
+	return g.split.Base(g.region)
 }
 
-// Apply is res as a request enforces it: scaled to g's part when the
-// request's rule is global, as it is otherwise. The scaled limits are a
-// new slice: res.Limits may be shared.
+// Apply is res as a request enforces it: scaled to g's base when the
+// request's rule is global, as it is otherwise.
 func (g Global) Apply(global bool, res Resolved) Resolved {
-	if !global || g.parts == 0 || len(res.Limits) == 0 {
+	if !global || g.region == "" {
+		return res
+	}
+	return scale(res, g.Parts())
+}
+
+// ApplyShare is res as a request of a global rule enforces it on a
+// moving Global, under its region's share record rec of the key, while
+// the replica's clock reads now (ms).
+func (g Global) ApplyShare(res Resolved, rec regions.Record, now int64) Resolved {
+	return scale(res, rec.InForce(g.split, g.region, g.clock, now))
+}
+
+// scale is res with its limits scaled to parts, in a new slice: res's
+// may be shared.
+func scale(res Resolved, parts int64) Resolved {
+	if len(res.Limits) == 0 {
 		return res
 	}
 	scaled := make([]bucket.Limit, len(res.Limits))
 	for i, l := range res.Limits {
-		scaled[i] = regions.Scale(l, g.parts)
+		scaled[i] = regions.Scale(l, parts)
 	}
 	res.Limits = scaled
 	return res

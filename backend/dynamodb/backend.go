@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/lease"
 	"github.com/sluice-rl/sluice/backend/recordcache"
+	"github.com/sluice-rl/sluice/backend/sharecache"
 )
 
 // API is the part of *dynamodb.Client the backend calls.
@@ -100,6 +101,9 @@ type Backend struct {
 	stats *Stats
 	// leases is nil when leases are off.
 	leases *backend.Leases[bucketKey]
+	// shares keeps the share records of global keys; nil unless
+	// Options.Global moves.
+	shares *sharecache.Cache
 	// bg runs the work that outlives calls (renewals, returns, the
 	// sweep, detached writes) until Close.
 	bg       *backend.Background
@@ -167,6 +171,12 @@ func New(api API, opts Options) (*Backend, error) {
 		records: newRecords(api, opts.Table, keys, opts.ConfigCacheSize, opts.ConfigCacheTTL, opts.Now, stats),
 	}
 	b.records.along = b
+	if opts.Global.Moves() {
+		cacheFor := time.Duration(opts.Global.Clock().CacheFor()) * time.Millisecond
+		if b.shares, err = sharecache.New(b.readShare, cacheFor, opts.ConfigCacheSize, opts.Now); err != nil {
+			return nil, err
+		}
+	}
 	b.bg = backend.NewBackground()
 	if opts.LeaseHorizon > 0 {
 		b.leases = backend.NewLeases(lease.Policy{Horizon: opts.LeaseHorizon.Milliseconds(), Share: opts.LeaseShare}, &stats.LeaseStats, less)
@@ -346,10 +356,11 @@ func unsure(ts []target, batch []*call) bool {
 // a check (those answer from what is known), a parent named by the rule
 // (a cascade writes two buckets), a bucket this replica has seen or holds
 // a lease on (a key whose records merely expired: its limits are known
-// from its item, and a wrong guess would fold its lease under them), or a
-// resource whose shared records have not been read lately.
+// from its item, and a wrong guess would fold its lease under them), a
+// resource whose shared records have not been read lately, or a global
+// key whose share follows its region's share record.
 func (b *Backend) guess(req *backend.Request, ts []target) (_ []target, _ backend.Level, ok bool) {
-	if req.Refund || req.Hits == 0 || req.Parent != "" {
+	if req.Refund || req.Hits == 0 || req.Parent != "" || (req.Global && b.shares != nil) {
 		return ts, backend.LevelNone, false
 	}
 	k := bucketKey{req.Entity, req.Resource}
@@ -680,7 +691,9 @@ func (b *Backend) targets(ctx context.Context, req *backend.Request, ts []target
 		if err != nil {
 			return nil, level, err
 		}
-		res = b.opts.Global.Apply(req.Global, res)
+		if res, err = b.global(ctx, req, entity, res); err != nil {
+			return nil, level, err
+		}
 		if i == 0 {
 			level = res.Level
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
+	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/regions"
 )
 
@@ -127,4 +128,38 @@ func (a *Admin) PutShare(ctx context.Context, entity, resource string, rec regio
 		return 0, fmt.Errorf("writing the share of %q/%q: %w", entity, resource, err)
 	}
 	return version + 1, nil
+}
+
+// readShare reads the share record of entity's bucket for resource for a
+// decision (sharecache), with strong consistency: a replica's copy must
+// be the table as of its read. None stored is the zero Record.
+func (b *Backend) readShare(ctx context.Context, entity, resource string) (regions.Record, error) {
+	out, err := b.api.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(b.table), ConsistentRead: aws.Bool(true),
+		Key: map[string]types.AttributeValue{attrPK: str(b.keys.EntityPK(entity)), attrSK: str(b.keys.ShareSK(resource))}})
+	b.stats.call("GetItem", err)
+	if err != nil {
+		return regions.Record{}, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, err)
+	}
+	if len(out.Item) == 0 {
+		return regions.Record{}, nil
+	}
+	s, err := decodeShare(out.Item)
+	if err != nil {
+		return regions.Record{}, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
+	}
+	return s.Record, nil
+}
+
+// global is res as req enforces it on entity's bucket: scaled to this
+// region's part when req's rule is global, from the key's share record
+// when shares move (a record that cannot be read fails the decision).
+func (b *Backend) global(ctx context.Context, req *backend.Request, entity string, res backend.Resolved) (backend.Resolved, error) {
+	if !req.Global || b.shares == nil {
+		return b.opts.Global.Apply(req.Global, res), nil
+	}
+	rec, err := b.shares.Get(ctx, entity, req.Resource)
+	if err != nil {
+		return backend.Resolved{}, err
+	}
+	return b.opts.Global.ApplyShare(res, rec, b.now()), nil
 }

@@ -1,0 +1,98 @@
+// Package sharecache keeps the share records of global keys
+// (regions.Record) that a replica read from its region's store, each for
+// at most a time the regions' clock allows (regions.Clock.CacheFor): past
+// it, the record is read again before the next decision on its key, so
+// that a loan its region made is in force on the replica before the
+// borrower may use it.
+//
+// A read that fails is not kept: the next decision reads again, and the
+// caller fails its decision meanwhile. A record is never taken as absent
+// because it could not be read, which would enforce the region's whole
+// base while loans out of it are in force elsewhere.
+package sharecache
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/sluice-rl/sluice/regions"
+)
+
+// Read reads the share record of entity's bucket for resource from the
+// store; none stored is the zero Record and no error.
+type Read func(ctx context.Context, entity, resource string) (regions.Record, error)
+
+// Cache is a replica's share records, safe for concurrent use. Build one
+// with New.
+type Cache struct {
+	read  Read
+	ttl   int64 // ms
+	now   func() int64
+	lru   *lru.Cache[key, entry]
+	group singleflight.Group
+}
+
+type key struct{ entity, resource string }
+
+// readTimeout bounds one read of a record.
+const readTimeout = 5 * time.Second
+
+// entry is a record and when its read began: the table may have changed
+// after that, so its age counts from there.
+type entry struct {
+	rec    regions.Record
+	readAt int64
+}
+
+// New is a Cache of at most size records, each kept for ttl after the
+// read that brought it began; now is the clock in epoch milliseconds.
+func New(read Read, ttl time.Duration, size int, now func() int64) (*Cache, error) {
+	if ttl <= 0 {
+		return nil, fmt.Errorf("sharecache: a record must be kept for some time, not %v", ttl)
+	}
+	l, err := lru.New[key, entry](size)
+	if err != nil {
+		return nil, fmt.Errorf("sharecache: %w", err)
+	}
+	return &Cache{read: read, ttl: ttl.Milliseconds(), now: now, lru: l}, nil
+}
+
+// Get is the share record of entity's bucket for resource, from the
+// cache while it is young enough, else read (one read for all callers
+// that ask at once).
+func (c *Cache) Get(ctx context.Context, entity, resource string) (regions.Record, error) {
+	k := key{entity, resource}
+	if e, ok := c.lru.Get(k); ok && c.now()-e.readAt < c.ttl {
+		return e.rec, nil
+	}
+	// A length prefix keeps any two keys apart, whatever bytes they hold.
+	ch := c.group.DoChan(strconv.Itoa(len(entity))+":"+entity+resource, func() (any, error) {
+		start := c.now()
+		// The read is shared: it outlives a caller that gives up, within
+		// a timeout of its own.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readTimeout)
+		defer cancel()
+		rec, err := c.read(rctx, entity, resource)
+		if err != nil {
+			return nil, err
+		}
+		c.lru.Add(k, entry{rec: rec, readAt: start})
+		return rec, nil
+	})
+	var v any
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return regions.Record{}, r.Err
+		}
+		v = r.Val
+	case <-ctx.Done():
+		return regions.Record{}, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, ctx.Err())
+	}
+	return v.(regions.Record), nil
+}

@@ -1,0 +1,123 @@
+package sharecache
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/regions"
+)
+
+// store is a share store in memory that counts its reads; a record set
+// to fail makes every read fail.
+type store struct {
+	mu    sync.Mutex
+	recs  map[string]regions.Record
+	fail  bool
+	reads atomic.Int64
+	gate  chan struct{} // when set, reads wait for it
+}
+
+func (s *store) read(ctx context.Context, entity, resource string) (regions.Record, error) {
+	s.reads.Add(1)
+	if s.gate != nil {
+		<-s.gate
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail {
+		return regions.Record{}, errors.New("store down")
+	}
+	return s.recs[entity+"/"+resource], nil
+}
+
+func loan(parts int64) regions.Record {
+	return regions.Record{In: map[regions.Region]regions.Loans{"us": {{Made: 1, From: 1, To: 9, Parts: parts}}}}
+}
+
+// TestCacheKeepsForTTL: a record is reused until ttl after its read
+// began, then read again; a failed read is not kept and fails the call.
+func TestCacheKeepsForTTL(t *testing.T) {
+	s := &store{recs: map[string]regions.Record{"e/r": loan(5)}}
+	var now atomic.Int64
+	now.Store(1_000)
+	c, err := New(s.read, 4500*time.Millisecond, 10, now.Load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	get := func() regions.Record {
+		t.Helper()
+		rec, err := c.Get(ctx, "e", "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+	if !get().Equal(loan(5)) || s.reads.Load() != 1 {
+		t.Fatalf("first get: %d reads", s.reads.Load())
+	}
+	s.mu.Lock()
+	s.recs["e/r"] = loan(7)
+	s.mu.Unlock()
+	now.Add(4499)
+	if !get().Equal(loan(5)) || s.reads.Load() != 1 {
+		t.Errorf("within the ttl: read again (%d reads) or changed", s.reads.Load())
+	}
+	now.Add(1)
+	if !get().Equal(loan(7)) || s.reads.Load() != 2 {
+		t.Errorf("at the ttl: %d reads, want the new record read", s.reads.Load())
+	}
+	if rec, err := c.Get(ctx, "other", "r"); err != nil || !rec.Equal(regions.Record{}) {
+		t.Errorf("a key with no record: %v, %v; want the zero record", rec, err)
+	}
+	s.mu.Lock()
+	s.fail = true
+	s.mu.Unlock()
+	now.Add(5000)
+	if _, err := c.Get(ctx, "e", "r"); err == nil {
+		t.Error("a failed read answered a record")
+	}
+	if _, err := c.Get(ctx, "e", "r"); err == nil {
+		t.Error("a failed read was kept")
+	}
+}
+
+// TestCacheSharesARead: callers that ask at once share one read, and one
+// that gives up is answered at its deadline while the read goes on.
+func TestCacheSharesARead(t *testing.T) {
+	s := &store{recs: map[string]regions.Record{"e/r": loan(5)}, gate: make(chan struct{})}
+	c, err := New(s.read, time.Second, 10, func() int64 { return 0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := c.Get(short, "e", "r"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a caller past its deadline: %v", err)
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if rec, err := c.Get(context.Background(), "e", "r"); err != nil || !rec.Equal(loan(5)) {
+				t.Errorf("%v, %v", rec, err)
+			}
+		})
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(s.gate)
+	wg.Wait()
+	if n := s.reads.Load(); n != 1 {
+		t.Errorf("%d reads for nine callers, want 1", n)
+	}
+	// Keys that would run together without a separator stay apart.
+	s.recs["ab/c"], s.recs["a/bc"] = loan(1), loan(2)
+	x, _ := c.Get(context.Background(), "ab", "c")
+	y, _ := c.Get(context.Background(), "a", "bc")
+	if x.Equal(y) {
+		t.Error("two keys shared a record")
+	}
+}
