@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/lease"
 	"github.com/sluice-rl/sluice/backend/recordcache"
+	"github.com/sluice-rl/sluice/backend/sharecache"
 )
 
 // Options configure a Backend. Zero values take the defaults named on
@@ -115,6 +116,9 @@ type Backend struct {
 	// bg runs the work that outlives calls (lease calls whose callers
 	// may have gone, renewals, returns, the sweep) until Close.
 	bg *backend.Background
+	// shares keeps the share records of global keys; nil unless
+	// Options.Global moves.
+	shares *sharecache.Cache
 }
 
 // New returns a Backend on client. It does not call Redis; see Ping.
@@ -147,6 +151,12 @@ func New(client rueidis.Client, opts Options) (*Backend, error) {
 	}
 	if opts.MaxBatch > 1 {
 		b.batches = newBatcher(opts.MaxBatch, b.script1)
+	}
+	if opts.Global.Moves() {
+		cacheFor := time.Duration(opts.Global.Clock().CacheFor()) * time.Millisecond
+		if b.shares, err = sharecache.New(b.readShare, cacheFor, opts.ConfigCacheSize, opts.Now); err != nil {
+			return nil, err
+		}
 	}
 	b.bg = backend.NewBackground()
 	if opts.LeaseHorizon > 0 {
@@ -256,7 +266,9 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		if err != nil {
 			return backend.Decision{}, err
 		}
-		r = b.opts.Global.Apply(req.Global, r)
+		if r, err = b.global(ctx, req, entity, r); err != nil {
+			return backend.Decision{}, err
+		}
 		if i == 0 {
 			level = r.Level
 		}

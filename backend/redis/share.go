@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/regions"
 )
 
@@ -96,4 +97,39 @@ func (a *Admin) PutShare(ctx context.Context, entity, resource string, rec regio
 		return 0, fmt.Errorf("the share of %q/%q at version %d: %w", entity, resource, version, ErrShareChanged)
 	}
 	return version + 1, nil
+}
+
+// readShare reads the share record of entity's bucket for resource for a
+// decision (sharecache). None stored is the zero Record.
+func (b *Backend) readShare(ctx context.Context, entity, resource string) (regions.Record, error) {
+	var h map[string]string
+	err := b.opts.round(ctx, "HGETALL", func(ctx context.Context) (err error) {
+		h, err = b.client.Do(ctx, b.client.B().Hgetall().Key(b.keys.Share(entity, resource)).Build()).AsStrMap()
+		return err
+	})
+	if err != nil {
+		return regions.Record{}, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, err)
+	}
+	if len(h) == 0 {
+		return regions.Record{}, nil
+	}
+	rec, err := regions.Decode([]byte(h[fieldShare]))
+	if err != nil {
+		return regions.Record{}, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
+	}
+	return rec, nil
+}
+
+// global is res as req enforces it on entity's bucket: scaled to this
+// region's part when req's rule is global, from the key's share record
+// when shares move (a record that cannot be read fails the decision).
+func (b *Backend) global(ctx context.Context, req *backend.Request, entity string, res backend.Resolved) (backend.Resolved, error) {
+	if !req.Global || b.shares == nil {
+		return b.opts.Global.Apply(req.Global, res), nil
+	}
+	rec, err := b.shares.Get(ctx, entity, req.Resource)
+	if err != nil {
+		return backend.Resolved{}, err
+	}
+	return b.opts.Global.ApplyShare(res, rec, b.opts.Now()), nil
 }
