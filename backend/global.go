@@ -1,9 +1,11 @@
 package backend
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/sharecache"
 	"github.com/sluice-rl/sluice/regions"
 )
 
@@ -78,6 +80,22 @@ func (g Global) Apply(global bool, res Resolved) Resolved {
 // the replica's clock reads now (ms).
 func (g Global) ApplyShare(res Resolved, rec regions.Record, now int64) Resolved {
 	return scale(res, rec.InForce(g.split, g.region, g.clock, now))
+}
+
+// Enforce is res, the limits entity's bucket resolved to, as req
+// enforces them: scaled to this region's part when req's rule is global;
+// with shares that move, from the key's share record in shares (a record
+// that cannot be read fails the decision). now is the replica's clock in
+// epoch milliseconds. shares is nil unless g moves.
+func (g Global) Enforce(ctx context.Context, req *Request, entity string, res Resolved, shares *sharecache.Cache, now int64) (Resolved, error) {
+	if !req.Global || shares == nil {
+		return g.Apply(req.Global, res), nil
+	}
+	rec, err := shares.Get(ctx, entity, req.Resource)
+	if err != nil {
+		return Resolved{}, err
+	}
+	return g.ApplyShare(res, rec, now), nil
 }
 
 // scale is res with its limits scaled to parts, in a new slice: res's

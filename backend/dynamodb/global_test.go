@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/backendtest"
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/regions"
 )
@@ -93,73 +94,28 @@ func TestGlobalLimitSplitByRegion(t *testing.T) {
 	}
 }
 
-// TestGlobalShareFollowsRecord: a replica of a region whose shares move
-// enforces what its region's share record gives it: its base plus a loan
-// it holds, then its base again once the loan is given back and its copy
-// of the record has aged past CacheFor. A record that cannot be decoded
-// fails the decision rather than enforce the base.
+// TestGlobalShareFollowsRecord: a replica whose shares move enforces
+// what its region's share record gives it (backendtest.ShareFollowsRecord).
 func TestGlobalShareFollowsRecord(t *testing.T) {
-	split, err := regions.NewSplit(map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := regions.Clock{Window: 10_000, Skew: 1_000, Hold: 500}
-	g, err := backend.NewGlobal(split, "eu-west-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if g, err = g.Moving(clock); err != nil {
-		t.Fatal(err)
-	}
 	e := newEnv(t)
-	// The middle of a slot, away from the edges InForce looks across.
+	clock := backendtest.GlobalClock()
 	e.clock.ms.Store(clock.Start(clock.At(e.clock.now())+1) + 5_000)
-	m := clock.At(e.clock.now())
 	admin := e.admin(t, "")
 	ctx := context.Background()
-	loan := regions.Loan{Made: m - 2, From: m - 1, To: m + 3, Parts: 250_000}
-	if _, err := admin.PutShare(ctx, "tenant-1", "api", regions.Record{In: map[regions.Region]regions.Loans{"us-east-1": {loan}}}, 0, 0); err != nil {
-		t.Fatal(err)
-	}
-	b := e.replica(t, Options{Global: g, LeaseHorizon: -1})
-	limit := []bucket.Limit{lim(t, "rps", "400/s", 400)}
-	admitted := func(entity string) int {
-		n := 0
-		for range 300 {
-			d, err := b.Decide(ctx, &backend.Request{Entity: entity, Resource: "api", Defaults: limit, Hits: 1, Global: true})
-			if err != nil {
+	backendtest.ShareFollowsRecord(t, backendtest.ShareWorld{
+		Backend: e.replica(t, Options{Global: backendtest.MovingGlobal(t), LeaseHorizon: -1}),
+		Put: func(entity string, rec regions.Record, version int64) {
+			if _, err := admin.PutShare(ctx, entity, "api", rec, version, 0); err != nil {
 				t.Fatal(err)
 			}
-			if d.Allowed {
-				n++
+		},
+		Now: e.clock.now, Advance: e.clock.advance,
+		Damage: func(entity string) {
+			if _, err := e.client.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(e.table), Item: map[string]types.AttributeValue{
+				attrPK: str(admin.keys.EntityPK(entity)), attrSK: str(admin.keys.ShareSK("api")), attrShare: str("{"), attrShareVer: num(1),
+			}}); err != nil {
+				t.Fatal(err)
 			}
-		}
-		return n
-	}
-	// Its base (a quarter) and the loan (another quarter): half of 400.
-	if got := admitted("tenant-1"); got != 200 {
-		t.Errorf("with the loan: admitted %d, want 200", got)
-	}
-	// A key with no record: the base.
-	if got := admitted("tenant-2"); got != 100 {
-		t.Errorf("no record: admitted %d, want 100", got)
-	}
-	// The loan given back from the next slot.
-	loan.Back = m + 1
-	if _, err := admin.PutShare(ctx, "tenant-1", "api", regions.Record{In: map[regions.Region]regions.Loans{"us-east-1": {loan}}}, 1, 0); err != nil {
-		t.Fatal(err)
-	}
-	e.clock.advance(clock.Window) // the next slot, past CacheFor
-	if got := admitted("tenant-1"); got != 100 {
-		t.Errorf("after the loan went back: admitted %d, want 100 (the base's burst)", got)
-	}
-	// A damaged record.
-	if _, err := e.client.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(e.table), Item: map[string]types.AttributeValue{
-		attrPK: str(admin.keys.EntityPK("tenant-3")), attrSK: str(admin.keys.ShareSK("api")), attrShare: str("{"), attrShareVer: num(1),
-	}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Decide(ctx, &backend.Request{Entity: "tenant-3", Resource: "api", Defaults: limit, Hits: 1, Global: true}); err == nil {
-		t.Error("a decision on a damaged share record answered")
-	}
+		},
+	})
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
-	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/regions"
 )
 
@@ -148,18 +147,4 @@ func (b *Backend) readShare(ctx context.Context, entity, resource string) (regio
 		return regions.Record{}, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
 	}
 	return s.Record, nil
-}
-
-// global is res as req enforces it on entity's bucket: scaled to this
-// region's part when req's rule is global, from the key's share record
-// when shares move (a record that cannot be read fails the decision).
-func (b *Backend) global(ctx context.Context, req *backend.Request, entity string, res backend.Resolved) (backend.Resolved, error) {
-	if !req.Global || b.shares == nil {
-		return b.opts.Global.Apply(req.Global, res), nil
-	}
-	rec, err := b.shares.Get(ctx, entity, req.Resource)
-	if err != nil {
-		return backend.Resolved{}, err
-	}
-	return b.opts.Global.ApplyShare(res, rec, b.now()), nil
 }

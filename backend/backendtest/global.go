@@ -1,0 +1,102 @@
+package backendtest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/regions"
+)
+
+// GlobalClock is the regions' clock of MovingGlobal: 10 s windows, 1 s of
+// skew, tokens held at most 500 ms.
+func GlobalClock() regions.Clock { return regions.Clock{Window: 10_000, Skew: 1_000, Hold: 500} }
+
+// MovingGlobal is the Global of a replica in eu-west-1, weighted 1 to
+// us-east-1's 3 (a base of a quarter), with shares that move on
+// GlobalClock.
+func MovingGlobal(tb testing.TB) backend.Global {
+	tb.Helper()
+	split, err := regions.NewSplit(map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g, err := backend.NewGlobal(split, "eu-west-1")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if g, err = g.Moving(GlobalClock()); err != nil {
+		tb.Fatal(err)
+	}
+	return g
+}
+
+// ShareWorld is a backend with shares that move (MovingGlobal) and what
+// ShareFollowsRecord needs of its store and clock.
+type ShareWorld struct {
+	Backend backend.Backend
+	// Put writes entity's share record for resource api over version.
+	Put func(entity string, rec regions.Record, version int64)
+	// Now and Advance read and move the backend's clock (ms).
+	Now     func() int64
+	Advance func(ms int64)
+	// Damage writes a share record for entity that does not decode.
+	Damage func(entity string)
+}
+
+// ShareFollowsRecord runs the scenario every backend with moving shares
+// must pass, from a clock in the middle of a slot: a key whose record
+// lends the region a quarter more admits half of a 400/s limit's burst; a
+// key with no record admits the base, a quarter; once the loan is given
+// back and the replica's copy has aged past CacheFor, the first key
+// admits the base's burst again; a record that does not decode fails the
+// decision rather than enforce the base. w's backend has leases off, so
+// the counts are exact.
+func ShareFollowsRecord(t *testing.T, w ShareWorld) {
+	t.Helper()
+	clock := GlobalClock()
+	m := clock.At(w.Now())
+	if ms := w.Now() - clock.Start(m); ms < 3_000 || ms > 7_000 {
+		t.Fatalf("the clock is %d ms into its slot; start it mid-slot, away from the edges InForce looks across", ms)
+	}
+	loan := regions.Loan{Made: m - 2, From: m - 1, To: m + 3, Parts: 250_000}
+	w.Put("tenant-1", regions.Record{In: map[regions.Region]regions.Loans{"us-east-1": {loan}}}, 0)
+	spec := bucket.Spec{Name: "rps", Rate: "400/s"}
+	l, err := spec.Limit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide := func(entity string) (backend.Decision, error) {
+		return w.Backend.Decide(context.Background(), &backend.Request{Entity: entity, Resource: "api", Defaults: []bucket.Limit{l}, Hits: 1, Global: true})
+	}
+	admitted := func(entity string) int {
+		n := 0
+		for range 300 {
+			d, err := decide(entity)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	if got := admitted("tenant-1"); got != 200 {
+		t.Errorf("with the loan: admitted %d, want 200 (the base and the loan)", got)
+	}
+	if got := admitted("tenant-2"); got != 100 {
+		t.Errorf("no record: admitted %d, want 100 (the base)", got)
+	}
+	loan.Back = m + 1
+	w.Put("tenant-1", regions.Record{In: map[regions.Region]regions.Loans{"us-east-1": {loan}}}, 1)
+	w.Advance(clock.Window) // the next slot, past CacheFor
+	if got := admitted("tenant-1"); got != 100 {
+		t.Errorf("after the loan went back: admitted %d, want 100 (the base's burst)", got)
+	}
+	w.Damage("tenant-3")
+	if _, err := decide("tenant-3"); err == nil {
+		t.Error("a decision on a damaged share record answered")
+	}
+}
