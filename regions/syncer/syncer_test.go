@@ -89,7 +89,9 @@ func TestSyncMovesSharesBetweenTables(t *testing.T) {
 	syncs := map[regions.Region]*syncer.Sync{}
 	for _, r := range names {
 		syncs[r] = &syncer.Sync{Me: r, Split: split, Clock: clock, Stores: stores, Budget: time.Second, Now: now.Load,
-			Demand: func(_ context.Context, region regions.Region, _ syncer.Key) (int64, error) { return demand[region], nil }}
+			Demand: func(_ context.Context, region regions.Region, _ syncer.Key) (int64, error) {
+				return demand[region], nil
+			}}
 	}
 	key := syncer.Key{Entity: "tenant-1", Resource: "api"}
 	step := func() {
