@@ -119,3 +119,55 @@ func TestGlobalShareFollowsRecord(t *testing.T) {
 		},
 	})
 }
+
+// TestLeaseEndsWithItsShare: with leases on, tokens a replica leased
+// under a larger share are not spent once the share is smaller: a lease
+// holds tokens under its limits' fingerprint, and the new share's limits
+// are others. So tokens leased under one slot's share are never spent
+// under the next's (regions.Clock.Hold need only cover a decision).
+func TestLeaseEndsWithItsShare(t *testing.T) {
+	e := newEnv(t)
+	clock := backendtest.GlobalClock()
+	e.clock.ms.Store(clock.Start(clock.At(e.clock.now())+1) + 5_000)
+	m := clock.At(e.clock.now())
+	admin := e.admin(t, "")
+	ctx := context.Background()
+	loan := regions.Loan{Made: m - 2, From: m - 1, To: m + 3, Parts: 250_000}
+	put := func(rec regions.Record, version int64) {
+		if _, err := admin.PutShare(ctx, "tenant-1", "api", rec, version, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put(regions.Record{In: map[regions.Region]regions.Loans{"us-east-1": {loan}}}, 0)
+	b := e.replica(t, Options{Global: backendtest.MovingGlobal(t)}) // leases on
+	limit := []bucket.Limit{lim(t, "rps", "400/s", 400)}
+	admitted := func(calls int) int {
+		n := 0
+		for range calls {
+			d, err := b.Decide(ctx, &backend.Request{Entity: "tenant-1", Resource: "api", Defaults: limit, Hits: 1, Global: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				n++
+			}
+		}
+		return n
+	}
+	// A few calls under the larger share: the replica leases ahead.
+	if got := admitted(20); got != 20 {
+		t.Fatalf("under the larger share: %d of 20 admitted", got)
+	}
+	if b.Stats().LeaseOutstanding.Load() == 0 {
+		t.Fatal("no lease taken: the test shows nothing")
+	}
+	loan.Back = m + 1
+	put(regions.Record{In: map[regions.Region]regions.Loans{"us-east-1": {loan}}}, 1)
+	e.clock.advance(clock.Window)
+	// The base's burst is 100; the bucket held at most 200 - 20 under
+	// the old share, and is cut to 100 when it takes the new limits. Any
+	// token of the old lease spent on top would show past 100.
+	if got := admitted(400); got > 100 {
+		t.Errorf("under the smaller share: admitted %d, over its burst of 100", got)
+	}
+}
