@@ -47,9 +47,6 @@ func (g Global) Moving(c regions.Clock) (Global, error) {
 	return g, nil
 }
 
-// Region is the replica's region; "" in the zero Global.
-func (g Global) Region() regions.Region { return g.region }
-
 // Moves reports whether g follows share records.
 func (g Global) Moves() bool { return g.moving }
 
@@ -86,8 +83,9 @@ func (g Global) ApplyShare(res Resolved, rec regions.Record, now int64) Resolved
 // enforces them: scaled to this region's part when req's rule is global;
 // with shares that move, from the key's share record in shares (a record
 // that cannot be read fails the decision). now is the replica's clock in
-// epoch milliseconds. shares is nil unless g moves.
-func (g Global) Enforce(ctx context.Context, req *Request, entity string, res Resolved, shares *sharecache.Cache, now int64) (Resolved, error) {
+// epoch milliseconds, read only for a global key whose share moves.
+// shares is nil unless g moves.
+func (g Global) Enforce(ctx context.Context, req *Request, entity string, res Resolved, shares *sharecache.Cache, now func() int64) (Resolved, error) {
 	if !req.Global || shares == nil {
 		return g.Apply(req.Global, res), nil
 	}
@@ -95,7 +93,7 @@ func (g Global) Enforce(ctx context.Context, req *Request, entity string, res Re
 	if err != nil {
 		return Resolved{}, err
 	}
-	return g.ApplyShare(res, rec, now), nil
+	return g.ApplyShare(res, rec, now()), nil
 }
 
 // scale is res with its limits scaled to parts, in a new slice: res's

@@ -88,6 +88,11 @@ func Decode(b []byte) (Record, error) {
 
 var errBadLoan = errors.New("not a loan any Plan makes")
 
+// ErrShareChanged is what a store's conditional write of a share record
+// wraps when the stored record is no longer at the version the write was
+// planned from: another sync of the region wrote in between.
+var ErrShareChanged = errors.New("the share record changed since it was read")
+
 // check reports what makes rec one no store should keep.
 func (rec Record) check() error {
 	for side, m := range map[string]map[Region]Loans{"lent to": rec.Out, "lent by": rec.In} {

@@ -37,8 +37,8 @@ func NewSplit(weights map[Region]int64) (Split, error) {
 	}
 	var sum int64
 	for r, w := range weights {
-		if r == "" {
-			return Split{}, errors.New("regions: a region needs a name")
+		if r == "" || len(r) > maxRegionName {
+			return Split{}, fmt.Errorf("regions: region %q: a name of 1 to %d bytes", r, maxRegionName)
 		}
 		if w <= 0 {
 			return Split{}, fmt.Errorf("regions: region %q: weight %d is not positive", r, w)

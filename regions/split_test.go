@@ -1,6 +1,7 @@
 package regions
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/sluice-rl/sluice/backend/bucket"
@@ -38,6 +39,7 @@ func TestNewSplit(t *testing.T) {
 		"no region":     {},
 		"a zero weight": {"eu": 0, "us": 1},
 		"a nameless":    {"": 1},
+		"a long name":   {Region(strings.Repeat("r", 65)): 1},
 		"too heavy":     {"eu": Total, "us": 1},
 	} {
 		if _, err := NewSplit(w); err == nil {

@@ -691,7 +691,7 @@ func (b *Backend) targets(ctx context.Context, req *backend.Request, ts []target
 		if err != nil {
 			return nil, level, err
 		}
-		if res, err = b.opts.Global.Enforce(ctx, req, entity, res, b.shares, b.now()); err != nil {
+		if res, err = b.opts.Global.Enforce(ctx, req, entity, res, b.shares, b.now); err != nil {
 			return nil, level, err
 		}
 		if i == 0 {

@@ -29,17 +29,6 @@ const (
 // ShareSK is the sort key of an entity's share record for a resource.
 func (k Keys) ShareSK(resource string) string { return shareSKMarker + Encode(resource) }
 
-// Share is a share record as the table holds it.
-type Share struct {
-	Record regions.Record
-	// Version counts the writes of the record; 0 when none is stored.
-	Version int64
-}
-
-// ErrShareChanged is PutShare's answer when the stored record is no
-// longer at the version the write was planned from.
-var ErrShareChanged = errors.New("the share record changed since it was read")
-
 func (a *Admin) shareKey(entity, resource string) (map[string]types.AttributeValue, error) {
 	if entity == "" || resource == "" {
 		return nil, fmt.Errorf("a share record needs an entity and a resource, got %q and %q", entity, resource)
@@ -48,57 +37,51 @@ func (a *Admin) shareKey(entity, resource string) (map[string]types.AttributeVal
 }
 
 // GetShare reads the share record of entity's bucket for resource, with
-// strong consistency. None stored is (Share{}, false, nil); one that does
-// not decode is an error, never "none": a region taken as holding no
-// loans enforces its whole base.
-func (a *Admin) GetShare(ctx context.Context, entity, resource string) (Share, bool, error) {
+// strong consistency, and the version it is at: 0, with the zero Record,
+// when none is stored. One that does not decode is an error, never
+// "none": a region taken as holding no loans enforces its whole base.
+// With PutShare, an Admin is a sync's Store (regions/syncer).
+func (a *Admin) GetShare(ctx context.Context, entity, resource string) (regions.Record, int64, error) {
 	key, err := a.shareKey(entity, resource)
 	if err != nil {
-		return Share{}, false, err
+		return regions.Record{}, 0, err
 	}
 	out, err := a.api.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(a.table), Key: key, ConsistentRead: aws.Bool(true)})
 	if err != nil {
-		return Share{}, false, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, err)
+		return regions.Record{}, 0, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, err)
 	}
-	if len(out.Item) == 0 {
-		return Share{}, false, nil
-	}
-	s, err := decodeShare(out.Item)
-	if err != nil {
-		return Share{}, false, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
-	}
-	return s, true, nil
+	return decodeShare(out.Item, entity, resource)
 }
 
-// decodeShare reads a share item.
-func decodeShare(av map[string]types.AttributeValue) (Share, error) {
-	sh, ok := av[attrShare].(*types.AttributeValueMemberS)
-	if !ok {
-		return Share{}, errors.New("no share in the item")
+// decodeShare reads a share item (none: the zero Record at version 0).
+func decodeShare(av map[string]types.AttributeValue, entity, resource string) (regions.Record, int64, error) {
+	if len(av) == 0 {
+		return regions.Record{}, 0, nil
 	}
-	v, ok := av[attrShareVer].(*types.AttributeValueMemberN)
-	if !ok {
-		return Share{}, errors.New("no version in the item")
+	sh, ok := av[attrShare].(*types.AttributeValueMemberS)
+	v, vok := av[attrShareVer].(*types.AttributeValueMemberN)
+	if !ok || !vok {
+		return regions.Record{}, 0, fmt.Errorf("the share of %q/%q: an item without its record or version", entity, resource)
 	}
 	ver, err := strconv.ParseInt(v.Value, 10, 64)
 	if err != nil || ver < 1 {
-		return Share{}, fmt.Errorf("version %q", v.Value)
+		return regions.Record{}, 0, fmt.Errorf("the share of %q/%q: version %q", entity, resource, v.Value)
 	}
 	rec, err := regions.Decode([]byte(sh.Value))
 	if err != nil {
-		return Share{}, err
+		return regions.Record{}, 0, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
 	}
-	return Share{Record: rec, Version: ver}, nil
+	return rec, ver, nil
 }
 
 // PutShare writes rec as the share record of entity's bucket for
 // resource, on the condition that the stored one is still at version (0:
-// that none is stored), and returns the new version. ttl (epoch seconds,
-// 0 for none) lets DynamoDB delete the item once its loans are over; an
-// item past it that DynamoDB has not deleted yet holds only ended loans,
-// which enforce the base, as no item does. A lost condition is
-// ErrShareChanged.
-func (a *Admin) PutShare(ctx context.Context, entity, resource string, rec regions.Record, version, ttl int64) (int64, error) {
+// that none is stored), and returns the new version. expireAt (epoch
+// milliseconds, 0 for never) becomes the item's ttl, so that DynamoDB
+// deletes it once its loans are over; an item past it that DynamoDB has
+// not deleted yet holds only ended loans, which enforce the base, as no
+// item does. A lost condition is regions.ErrShareChanged.
+func (a *Admin) PutShare(ctx context.Context, entity, resource string, rec regions.Record, version, expireAt int64) (int64, error) {
 	av, err := a.shareKey(entity, resource)
 	if err != nil {
 		return 0, err
@@ -108,8 +91,8 @@ func (a *Admin) PutShare(ctx context.Context, entity, resource string, rec regio
 		return 0, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
 	}
 	av[attrShare], av[attrShareVer] = str(string(b)), num(version+1)
-	if ttl > 0 {
-		av[attrTTL] = num(ttl)
+	if expireAt > 0 {
+		av[attrTTL] = num(ceilSeconds(expireAt))
 	}
 	in := &dynamodb.PutItemInput{TableName: aws.String(a.table), Item: av,
 		ExpressionAttributeNames: map[string]string{"#v": attrShareVer}}
@@ -122,7 +105,7 @@ func (a *Admin) PutShare(ctx context.Context, entity, resource string, rec regio
 	if _, err := a.api.PutItem(ctx, in); err != nil {
 		var failed *types.ConditionalCheckFailedException
 		if errors.As(err, &failed) {
-			return 0, fmt.Errorf("the share of %q/%q at version %d: %w", entity, resource, version, ErrShareChanged)
+			return 0, fmt.Errorf("the share of %q/%q at version %d: %w", entity, resource, version, regions.ErrShareChanged)
 		}
 		return 0, fmt.Errorf("writing the share of %q/%q: %w", entity, resource, err)
 	}
@@ -139,12 +122,6 @@ func (b *Backend) readShare(ctx context.Context, entity, resource string) (regio
 	if err != nil {
 		return regions.Record{}, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, err)
 	}
-	if len(out.Item) == 0 {
-		return regions.Record{}, nil
-	}
-	s, err := decodeShare(out.Item)
-	if err != nil {
-		return regions.Record{}, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
-	}
-	return s.Record, nil
+	rec, _, err := decodeShare(out.Item, entity, resource)
+	return rec, err
 }

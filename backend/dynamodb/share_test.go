@@ -23,8 +23,8 @@ func TestShareRecords(t *testing.T) {
 	e := newEnv(t)
 	a := e.admin(t, "")
 	ctx := t.Context()
-	if _, ok, err := a.GetShare(ctx, "tenant-1", "api"); ok || err != nil {
-		t.Fatalf("before any write: found %v, %v", ok, err)
+	if _, v, err := a.GetShare(ctx, "tenant-1", "api"); v != 0 || err != nil {
+		t.Fatalf("before any write: found version %d, %v", v, err)
 	}
 	op := []bucket.Limit{lim(t, "rpm", "600/min", -1)}
 	if _, err := a.PutConfig(ctx, backend.RecordKey{Entity: "tenant-1", Resource: "api"}, op, 0); err != nil {
@@ -32,23 +32,26 @@ func TestShareRecords(t *testing.T) {
 	}
 
 	rec := regions.Record{Out: map[regions.Region]regions.Loans{"eu-west-1": {{Made: 10, From: 11, To: 14, Parts: 250_000}}}}
-	v, err := a.PutShare(ctx, "tenant-1", "api", rec, 0, 1_800_000_000)
+	v, err := a.PutShare(ctx, "tenant-1", "api", rec, 0, 1_800_000_000_000)
 	if err != nil || v != 1 {
 		t.Fatalf("first write: version %d, %v", v, err)
 	}
-	got, ok, err := a.GetShare(ctx, "tenant-1", "api")
-	if err != nil || !ok || got.Version != 1 || !got.Record.Equal(rec) {
-		t.Fatalf("read back %+v (%v, %v), want %+v at version 1", got, ok, err, rec)
+	got, ver, err := a.GetShare(ctx, "tenant-1", "api")
+	if err != nil || ver != 1 || !got.Equal(rec) {
+		t.Fatalf("read back %+v at version %d (%v), want %+v at version 1", got, ver, err, rec)
+	}
+	if ttl := attrN(t, e.rawItem(t, a.keys.EntityPK("tenant-1"), a.keys.ShareSK("api")), attrTTL); ttl != 1_800_000_000 {
+		t.Errorf("ttl %d, want 1800000000 (seconds)", ttl)
 	}
 	// A second sync that planned from no record, or from version 0 again.
-	if _, err := a.PutShare(ctx, "tenant-1", "api", regions.Record{}, 0, 0); !errors.Is(err, ErrShareChanged) {
+	if _, err := a.PutShare(ctx, "tenant-1", "api", regions.Record{}, 0, 0); !errors.Is(err, regions.ErrShareChanged) {
 		t.Errorf("a write planned from no record over version 1: %v, want ErrShareChanged", err)
 	}
 	rec.Out["eu-west-1"][0].To = 16
 	if v, err = a.PutShare(ctx, "tenant-1", "api", rec, 1, 0); err != nil || v != 2 {
 		t.Fatalf("second write: version %d, %v", v, err)
 	}
-	if _, err := a.PutShare(ctx, "tenant-1", "api", rec, 1, 0); !errors.Is(err, ErrShareChanged) {
+	if _, err := a.PutShare(ctx, "tenant-1", "api", rec, 1, 0); !errors.Is(err, regions.ErrShareChanged) {
 		t.Errorf("a write planned from version 1 over version 2: %v, want ErrShareChanged", err)
 	}
 	if c, ok, err := a.GetConfig(ctx, backend.RecordKey{Entity: "tenant-1", Resource: "api"}); err != nil || !ok || c.TTL != 0 || len(c.Limits) != 1 || c.Limits[0] != op[0] {
@@ -66,8 +69,8 @@ func TestShareRecords(t *testing.T) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := a.GetShare(ctx, "tenant-2", "api"); err == nil || ok {
-		t.Errorf("a damaged record read as %v, %v; want an error", ok, err)
+	if _, v, err := a.GetShare(ctx, "tenant-2", "api"); err == nil || v != 0 {
+		t.Errorf("a damaged record read at version %d, %v; want an error", v, err)
 	}
 	if _, err := a.PutShare(ctx, "tenant-2", "api", regions.Record{Out: map[regions.Region]regions.Loans{"us": {{Parts: -1}}}}, 3, 0); err == nil {
 		t.Error("PutShare wrote a loan of -1 parts")
@@ -81,7 +84,7 @@ func TestShareRecords(t *testing.T) {
 	if _, ok, _ := a.GetConfig(ctx, backend.RecordKey{Entity: "tenant-1", Resource: "api"}); ok {
 		t.Error("DeleteEntity left the entity's config")
 	}
-	if s, ok, err := a.GetShare(ctx, "tenant-1", "api"); !ok || err != nil || s.Version != 2 {
-		t.Errorf("DeleteEntity took the share record: %+v, %v, %v", s, ok, err)
+	if s, v, err := a.GetShare(ctx, "tenant-1", "api"); err != nil || v != 2 {
+		t.Errorf("DeleteEntity took the share record: %+v at version %d, %v", s, v, err)
 	}
 }

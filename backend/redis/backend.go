@@ -266,7 +266,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		if err != nil {
 			return backend.Decision{}, err
 		}
-		if r, err = b.opts.Global.Enforce(ctx, req, entity, r, b.shares, b.opts.Now()); err != nil {
+		if r, err = b.opts.Global.Enforce(ctx, req, entity, r, b.shares, b.opts.Now); err != nil {
 			return backend.Decision{}, err
 		}
 		if i == 0 {

@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 
@@ -37,48 +36,43 @@ func (k Keys) Share(entity, resource string) string {
 	return k.base() + ":s:" + seg(entity) + ":" + seg(resource)
 }
 
-// Share is a share record as Redis holds it.
-type Share struct {
-	Record regions.Record
-	// Version counts the writes of the record; 0 when none is stored.
-	Version int64
-}
-
-// ErrShareChanged is PutShare's answer when the stored record is no
-// longer at the version the write was planned from.
-var ErrShareChanged = errors.New("the share record changed since it was read")
-
-// GetShare reads the share record of entity's bucket for resource. None
-// stored is (Share{}, false, nil); one that does not decode is an error,
-// never "none": a region taken as holding no loans enforces its whole
-// base.
-func (a *Admin) GetShare(ctx context.Context, entity, resource string) (Share, bool, error) {
+// GetShare reads the share record of entity's bucket for resource and
+// the version it is at: 0, with the zero Record, when none is stored. One
+// that does not decode is an error, never "none": a region taken as
+// holding no loans enforces its whole base. With PutShare, an Admin is a
+// sync's Store (regions/syncer).
+func (a *Admin) GetShare(ctx context.Context, entity, resource string) (regions.Record, int64, error) {
 	if entity == "" || resource == "" {
-		return Share{}, false, fmt.Errorf("a share record needs an entity and a resource, got %q and %q", entity, resource)
+		return regions.Record{}, 0, fmt.Errorf("a share record needs an entity and a resource, got %q and %q", entity, resource)
 	}
 	h, err := a.client.Do(ctx, a.client.B().Hgetall().Key(a.keys.Share(entity, resource)).Build()).AsStrMap()
 	if err != nil {
-		return Share{}, false, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, err)
+		return regions.Record{}, 0, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, err)
 	}
+	return decodeShare(h, entity, resource)
+}
+
+// decodeShare reads a share hash (none: the zero Record at version 0).
+func decodeShare(h map[string]string, entity, resource string) (regions.Record, int64, error) {
 	if len(h) == 0 {
-		return Share{}, false, nil
+		return regions.Record{}, 0, nil
 	}
 	ver, err := strconv.ParseInt(h[fieldShareVer], 10, 64)
 	if err != nil || ver < 1 {
-		return Share{}, false, fmt.Errorf("the share of %q/%q: version %q", entity, resource, h[fieldShareVer])
+		return regions.Record{}, 0, fmt.Errorf("the share of %q/%q: version %q", entity, resource, h[fieldShareVer])
 	}
 	rec, err := regions.Decode([]byte(h[fieldShare]))
 	if err != nil {
-		return Share{}, false, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
+		return regions.Record{}, 0, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
 	}
-	return Share{Record: rec, Version: ver}, true, nil
+	return rec, ver, nil
 }
 
 // PutShare writes rec as the share record of entity's bucket for
 // resource, on the condition that the stored one is still at version (0:
 // that none is stored), and returns the new version. expireAt (epoch
 // milliseconds, 0 for never) lets Redis drop the hash once its loans are
-// over. A lost condition is ErrShareChanged.
+// over. A lost condition is regions.ErrShareChanged.
 func (a *Admin) PutShare(ctx context.Context, entity, resource string, rec regions.Record, version, expireAt int64) (int64, error) {
 	if entity == "" || resource == "" {
 		return 0, fmt.Errorf("a share record needs an entity and a resource, got %q and %q", entity, resource)
@@ -93,7 +87,7 @@ func (a *Admin) PutShare(ctx context.Context, entity, resource string, rec regio
 		return 0, fmt.Errorf("writing the share of %q/%q: %w", entity, resource, err)
 	}
 	if ok != 1 {
-		return 0, fmt.Errorf("the share of %q/%q at version %d: %w", entity, resource, version, ErrShareChanged)
+		return 0, fmt.Errorf("the share of %q/%q at version %d: %w", entity, resource, version, regions.ErrShareChanged)
 	}
 	return version + 1, nil
 }
@@ -109,12 +103,6 @@ func (b *Backend) readShare(ctx context.Context, entity, resource string) (regio
 	if err != nil {
 		return regions.Record{}, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, err)
 	}
-	if len(h) == 0 {
-		return regions.Record{}, nil
-	}
-	rec, err := regions.Decode([]byte(h[fieldShare]))
-	if err != nil {
-		return regions.Record{}, fmt.Errorf("the share of %q/%q: %w", entity, resource, err)
-	}
-	return rec, nil
+	rec, _, err := decodeShare(h, entity, resource)
+	return rec, err
 }

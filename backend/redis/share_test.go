@@ -16,18 +16,18 @@ func TestShareRecords(t *testing.T) {
 	srv := redistest.Require(t)
 	a := newAdmin(t, newClient(t, srv), "shares", nil)
 	ctx := context.Background()
-	if _, ok, err := a.GetShare(ctx, "tenant-1", "api"); ok || err != nil {
-		t.Fatalf("before any write: found %v, %v", ok, err)
+	if _, v, err := a.GetShare(ctx, "tenant-1", "api"); v != 0 || err != nil {
+		t.Fatalf("before any write: found version %d, %v", v, err)
 	}
 	rec := regions.Record{In: map[regions.Region]regions.Loans{"us-east-1": {{Made: 10, From: 11, To: 14, Parts: 250_000, Back: 13}}}}
 	v, err := a.PutShare(ctx, "tenant-1", "api", rec, 0, 0)
 	if err != nil || v != 1 {
 		t.Fatalf("first write: version %d, %v", v, err)
 	}
-	if got, ok, err := a.GetShare(ctx, "tenant-1", "api"); err != nil || !ok || got.Version != 1 || !got.Record.Equal(rec) {
-		t.Fatalf("read back %+v (%v, %v), want %+v at version 1", got, ok, err, rec)
+	if got, ver, err := a.GetShare(ctx, "tenant-1", "api"); err != nil || ver != 1 || !got.Equal(rec) {
+		t.Fatalf("read back %+v at version %d (%v), want %+v at version 1", got, ver, err, rec)
 	}
-	if _, err := a.PutShare(ctx, "tenant-1", "api", regions.Record{}, 0, 0); !errors.Is(err, ErrShareChanged) {
+	if _, err := a.PutShare(ctx, "tenant-1", "api", regions.Record{}, 0, 0); !errors.Is(err, regions.ErrShareChanged) {
 		t.Errorf("a write planned from no record over version 1: %v, want ErrShareChanged", err)
 	}
 	if v, err = a.PutShare(ctx, "tenant-1", "api", rec, 1, 4_000_000_000_000); err != nil || v != 2 {
@@ -39,7 +39,7 @@ func TestShareRecords(t *testing.T) {
 	if _, err := srv.Do(ctx, "HSET", a.keys.Share("tenant-2", "api"), "ver", "1", "sh", `{"v":1,"i":{"us":[[1,2,3,4]]}}`); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := a.GetShare(ctx, "tenant-2", "api"); err == nil || ok {
-		t.Errorf("a damaged record read as %v, %v; want an error", ok, err)
+	if _, v, err := a.GetShare(ctx, "tenant-2", "api"); err == nil || v != 0 {
+		t.Errorf("a damaged record read at version %d, %v; want an error", v, err)
 	}
 }

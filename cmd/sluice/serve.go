@@ -700,6 +700,7 @@ type ruleView struct {
 	Unlimited bool     `json:"unlimited,omitempty"`
 	Shadow    bool     `json:"shadow_mode,omitempty"`
 	Quota     bool     `json:"quota_mode,omitempty"`
+	Global    bool     `json:"global,omitempty"`
 	Replaces  []string `json:"replaces,omitempty"`
 }
 
@@ -741,7 +742,7 @@ func (s *server) describe() configView {
 	}
 	for _, r := range cfg.Rules() {
 		rv := ruleView{Domain: r.Domain, Path: r.Path, Source: fmt.Sprintf("%s:%d", r.File, r.Line),
-			Name: r.Name, Unlimited: r.Unlimited, Shadow: r.ShadowMode, Quota: r.QuotaMode, Replaces: r.Replaces}
+			Name: r.Name, Unlimited: r.Unlimited, Shadow: r.ShadowMode, Quota: r.QuotaMode, Global: r.Global, Replaces: r.Replaces}
 		for _, l := range r.Limits {
 			rv.Limits = append(rv.Limits, l.String())
 		}

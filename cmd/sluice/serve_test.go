@@ -319,6 +319,19 @@ descriptors:
 			t.Errorf("%s: %d of 450 calls passed, want %d", key, ok, want)
 		}
 	}
+	var view configView
+	_, body := get(t, "http://"+s.debugLn.Addr().String()+"/debug/config")
+	if err := json.Unmarshal([]byte(body), &view); err != nil {
+		t.Fatal(err)
+	}
+	if len(view.Rules) != 2 {
+		t.Fatalf("/debug/config shows %d rules, want 2", len(view.Rules))
+	}
+	for _, r := range view.Rules {
+		if want := r.Path == "api/tenant"; r.Global != want {
+			t.Errorf("/debug/config shows rule %s with global %v, want %v", r.Path, r.Global, want)
+		}
+	}
 }
 
 func TestFlagsFromEnvironment(t *testing.T) {

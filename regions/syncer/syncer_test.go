@@ -2,8 +2,6 @@ package syncer_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,25 +17,6 @@ import (
 )
 
 func TestMain(m *testing.M) { dynamodbtest.Main(m) }
-
-// ddbStore is a region's table as its sync sees it.
-type ddbStore struct{ a *ddb.Admin }
-
-func (s ddbStore) GetShare(ctx context.Context, entity, resource string) (regions.Record, int64, error) {
-	sh, ok, err := s.a.GetShare(ctx, entity, resource)
-	if err != nil || !ok {
-		return regions.Record{}, 0, err
-	}
-	return sh.Record, sh.Version, nil
-}
-
-func (s ddbStore) PutShare(ctx context.Context, entity, resource string, rec regions.Record, version, expireAt int64) (int64, error) {
-	v, err := s.a.PutShare(ctx, entity, resource, rec, version, (expireAt+999)/1000)
-	if errors.Is(err, ddb.ErrShareChanged) {
-		return 0, fmt.Errorf("%w: %w", syncer.ErrChanged, err)
-	}
-	return v, err
-}
 
 // TestSyncMovesSharesBetweenTables runs two regions, each on a table of
 // its own with a replica and a sync, weighted 3 to 1 for a global limit
@@ -70,7 +49,7 @@ func TestSyncMovesSharesBetweenTables(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		stores[r] = ddbStore{admin}
+		stores[r] = admin
 		g, err := backend.NewGlobal(split, r)
 		if err != nil {
 			t.Fatal(err)
