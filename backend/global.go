@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/sluice-rl/sluice/backend/bucket"
-	"github.com/sluice-rl/sluice/backend/sharecache"
 	"github.com/sluice-rl/sluice/regions"
 )
 
@@ -81,19 +80,14 @@ func (g Global) ApplyShare(res Resolved, rec regions.Record, now int64) Resolved
 
 // Enforce is res, the limits entity's bucket resolved to, as req
 // enforces them: scaled to this region's part when req's rule is global;
-// with shares that move, from the key's share record in shares (a record
-// that cannot be read fails the decision). now is the replica's clock in
-// epoch milliseconds, read only for a global key whose share moves.
-// shares is nil unless g moves.
-func (g Global) Enforce(ctx context.Context, req *Request, entity string, res Resolved, shares *sharecache.Cache, now func() int64) (Resolved, error) {
-	if !req.Global || shares == nil {
+// with shares that move, from the key's share record m keeps (a record
+// that cannot be read fails the decision), counting what req asked. m is
+// nil unless g moves.
+func (g Global) Enforce(ctx context.Context, req *Request, entity string, res Resolved, m *Moving) (Resolved, error) {
+	if !req.Global || m == nil {
 		return g.Apply(req.Global, res), nil
 	}
-	rec, err := shares.Get(ctx, entity, req.Resource)
-	if err != nil {
-		return Resolved{}, err
-	}
-	return g.ApplyShare(res, rec, now()), nil
+	return m.enforce(ctx, req, entity, res)
 }
 
 // scale is res with its limits scaled to parts, in a new slice: res's

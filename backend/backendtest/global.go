@@ -2,6 +2,7 @@ package backendtest
 
 import (
 	"context"
+	"maps"
 	"testing"
 
 	"github.com/sluice-rl/sluice/backend"
@@ -98,5 +99,80 @@ func ShareFollowsRecord(t *testing.T, w ShareWorld) {
 	w.Damage("tenant-3")
 	if _, err := decide("tenant-3"); err == nil {
 		t.Error("a decision on a damaged share record answered")
+	}
+}
+
+// UsageWorld is two replicas with shares that move (MovingGlobal) on one
+// region's store, and what UsageAddsUp needs of it.
+type UsageWorld struct {
+	Replicas [2]backend.Backend
+	// Flush writes replica i's sums of the windows that are over.
+	Flush func(i int) error
+	// Usage reads the region's usage of slot, as a sync does.
+	Usage func(slot regions.Slot) (map[regions.Key]int64, error)
+	// Damage writes a usage entry of slot that does not decode.
+	Damage  func(slot regions.Slot)
+	Now     func() int64
+	Advance func(ms int64)
+}
+
+// UsageAddsUp: what each replica was asked for each global key in a
+// window, in parts of the limit, reaches the region's store once the
+// window is over, summed over the replicas; requests of rules that are
+// not global and refunds add nothing; a second flush adds nothing twice;
+// usage that does not decode is an error, never a region asked for
+// nothing.
+func UsageAddsUp(t *testing.T, w UsageWorld) {
+	t.Helper()
+	clock := GlobalClock()
+	m := clock.At(w.Now())
+	l, err := (&bucket.Spec{Name: "rps", Rate: "400/s"}).Limit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(i int, entity string, hits uint64, n int, global, refund bool) {
+		for range n {
+			if _, err := w.Replicas[i].Decide(context.Background(), &backend.Request{Entity: entity, Resource: "api",
+				Defaults: []bucket.Limit{l}, Hits: hits, Global: global, Refund: refund}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// A hit of a 400/s limit over a 10 s window is 1/4000 of it: 250 parts.
+	ask(0, "tenant-1", 1, 30, true, false)
+	ask(1, "tenant-1", 1, 20, true, false)
+	ask(1, "tenant-2", 4, 10, true, false)
+	ask(0, "tenant-3", 1, 10, false, false)
+	ask(0, "tenant-1", 1, 5, true, true)
+	if got, err := w.Usage(m); err != nil || len(got) != 0 {
+		t.Errorf("before the window is over: usage %v, %v; want none yet", got, err)
+	}
+	for i := range 2 {
+		if err := w.Flush(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := w.Usage(m); err != nil || len(got) != 0 {
+		t.Errorf("flushed while the window runs: usage %v, %v; want none yet", got, err)
+	}
+	w.Advance(clock.Start(m+1) + 1_000 - w.Now())
+	ask(0, "tenant-1", 1, 8, true, false) // the next window's
+	for range 2 {
+		for i := range 2 {
+			if err := w.Flush(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := map[regions.Key]int64{{Entity: "tenant-1", Resource: "api"}: 12_500, {Entity: "tenant-2", Resource: "api"}: 10_000}
+	if got, err := w.Usage(m); err != nil || !maps.Equal(got, want) {
+		t.Errorf("usage of the window: %v, %v; want %v", got, err, want)
+	}
+	if got, err := w.Usage(m + 1); err != nil || len(got) != 0 {
+		t.Errorf("usage of the window under way: %v, %v; want none yet", got, err)
+	}
+	w.Damage(m)
+	if got, err := w.Usage(m); err == nil {
+		t.Errorf("damaged usage read as %v, want an error", got)
 	}
 }

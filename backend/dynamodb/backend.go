@@ -18,7 +18,6 @@ import (
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/lease"
 	"github.com/sluice-rl/sluice/backend/recordcache"
-	"github.com/sluice-rl/sluice/backend/sharecache"
 )
 
 // API is the part of *dynamodb.Client the backend calls.
@@ -101,9 +100,12 @@ type Backend struct {
 	stats *Stats
 	// leases is nil when leases are off.
 	leases *backend.Leases[bucketKey]
-	// shares keeps the share records of global keys; nil unless
-	// Options.Global moves.
-	shares *sharecache.Cache
+	// moving keeps the share records of global keys and counts what
+	// they are asked; nil unless Options.Global moves. replica and shard
+	// name this replica's usage items.
+	moving  *backend.Moving
+	replica string
+	shard   int
 	// bg runs the work that outlives calls (renewals, returns, the
 	// sweep, detached writes) until Close.
 	bg       *backend.Background
@@ -171,13 +173,16 @@ func New(api API, opts Options) (*Backend, error) {
 		records: newRecords(api, opts.Table, keys, opts.ConfigCacheSize, opts.ConfigCacheTTL, opts.Now, stats),
 	}
 	b.records.along = b
+	b.bg = backend.NewBackground()
 	if opts.Global.Moves() {
-		cacheFor := time.Duration(opts.Global.Clock().CacheFor()) * time.Millisecond
-		if b.shares, err = sharecache.New(b.readShare, cacheFor, opts.ConfigCacheSize, opts.Now); err != nil {
+		if b.moving, err = backend.NewMoving(opts.Global, b.readShare, opts.ConfigCacheSize, opts.Now); err != nil {
 			return nil, err
 		}
+		if b.replica, b.shard, err = newReplicaID(); err != nil {
+			return nil, err
+		}
+		b.bg.Go(func() { b.moving.Report(b.bg.SweepContext(), b.writeUsage) })
 	}
-	b.bg = backend.NewBackground()
 	if opts.LeaseHorizon > 0 {
 		b.leases = backend.NewLeases(lease.Policy{Horizon: opts.LeaseHorizon.Milliseconds(), Share: opts.LeaseShare}, &stats.LeaseStats, less)
 		b.bg.Go(func() { b.leases.Sweep(b.bg.SweepContext(), b.now, b.returnLease) })
@@ -360,7 +365,7 @@ func unsure(ts []target, batch []*call) bool {
 // resource whose shared records have not been read lately, or a global
 // key whose share follows its region's share record.
 func (b *Backend) guess(req *backend.Request, ts []target) (_ []target, _ backend.Level, ok bool) {
-	if req.Refund || req.Hits == 0 || req.Parent != "" || (req.Global && b.shares != nil) {
+	if req.Refund || req.Hits == 0 || req.Parent != "" || (req.Global && b.moving != nil) {
 		return ts, backend.LevelNone, false
 	}
 	k := bucketKey{req.Entity, req.Resource}
@@ -691,7 +696,7 @@ func (b *Backend) targets(ctx context.Context, req *backend.Request, ts []target
 		if err != nil {
 			return nil, level, err
 		}
-		if res, err = b.opts.Global.Enforce(ctx, req, entity, res, b.shares, b.now); err != nil {
+		if res, err = b.opts.Global.Enforce(ctx, req, entity, res, b.moving); err != nil {
 			return nil, level, err
 		}
 		if i == 0 {

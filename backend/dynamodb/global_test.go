@@ -171,3 +171,30 @@ func TestLeaseEndsWithItsShare(t *testing.T) {
 		t.Errorf("under the smaller share: admitted %d, over its burst of 100", got)
 	}
 }
+
+// TestGlobalUsageAddsUp: what the replicas of a region were asked for
+// global keys reaches its table, summed (backendtest.UsageAddsUp).
+func TestGlobalUsageAddsUp(t *testing.T) {
+	e := newEnv(t)
+	clock := backendtest.GlobalClock()
+	e.clock.ms.Store(clock.Start(clock.At(e.clock.now())+1) + 5_000)
+	admin := e.admin(t, "")
+	ctx := context.Background()
+	var replicas [2]*Backend
+	for i := range replicas {
+		replicas[i] = e.replica(t, Options{Global: backendtest.MovingGlobal(t), LeaseHorizon: -1})
+	}
+	backendtest.UsageAddsUp(t, backendtest.UsageWorld{
+		Replicas: [2]backend.Backend{replicas[0], replicas[1]},
+		Flush:    func(i int) error { return replicas[i].FlushUsage(ctx) },
+		Usage:    func(slot regions.Slot) (map[regions.Key]int64, error) { return admin.Usage(ctx, slot) },
+		Damage: func(slot regions.Slot) {
+			if _, err := e.client.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(e.table), Item: map[string]types.AttributeValue{
+				attrPK: str(admin.keys.UsagePK(slot, 3)), attrSK: str(usageSKMarker + "x#0"), attrUsage: str(`[["a","b",-1]]`),
+			}}); err != nil {
+				t.Fatal(err)
+			}
+		},
+		Now: e.clock.now, Advance: e.clock.advance,
+	})
+}

@@ -14,7 +14,6 @@ import (
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/lease"
 	"github.com/sluice-rl/sluice/backend/recordcache"
-	"github.com/sluice-rl/sluice/backend/sharecache"
 )
 
 // Options configure a Backend. Zero values take the defaults named on
@@ -116,9 +115,12 @@ type Backend struct {
 	// bg runs the work that outlives calls (lease calls whose callers
 	// may have gone, renewals, returns, the sweep) until Close.
 	bg *backend.Background
-	// shares keeps the share records of global keys; nil unless
-	// Options.Global moves.
-	shares *sharecache.Cache
+	// moving keeps the share records of global keys and counts what
+	// they are asked; nil unless Options.Global moves. replica and shard
+	// name this replica's usage fields.
+	moving  *backend.Moving
+	replica string
+	shard   int
 }
 
 // New returns a Backend on client. It does not call Redis; see Ping.
@@ -152,13 +154,16 @@ func New(client rueidis.Client, opts Options) (*Backend, error) {
 	if opts.MaxBatch > 1 {
 		b.batches = newBatcher(opts.MaxBatch, b.script1)
 	}
+	b.bg = backend.NewBackground()
 	if opts.Global.Moves() {
-		cacheFor := time.Duration(opts.Global.Clock().CacheFor()) * time.Millisecond
-		if b.shares, err = sharecache.New(b.readShare, cacheFor, opts.ConfigCacheSize, opts.Now); err != nil {
+		if b.moving, err = backend.NewMoving(opts.Global, b.readShare, opts.ConfigCacheSize, opts.Now); err != nil {
 			return nil, err
 		}
+		if b.replica, b.shard, err = newReplicaID(); err != nil {
+			return nil, err
+		}
+		b.bg.Go(func() { b.moving.Report(b.bg.SweepContext(), b.writeUsage) })
 	}
-	b.bg = backend.NewBackground()
 	if opts.LeaseHorizon > 0 {
 		b.leases = backend.NewLeases(lease.Policy{Horizon: opts.LeaseHorizon.Milliseconds(), Share: opts.LeaseShare},
 			&stats.LeaseStats, func(x, y string) bool { return x < y })
@@ -266,7 +271,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		if err != nil {
 			return backend.Decision{}, err
 		}
-		if r, err = b.opts.Global.Enforce(ctx, req, entity, r, b.shares, b.opts.Now); err != nil {
+		if r, err = b.opts.Global.Enforce(ctx, req, entity, r, b.moving); err != nil {
 			return backend.Decision{}, err
 		}
 		if i == 0 {

@@ -82,3 +82,31 @@ func TestGlobalShareFollowsRecord(t *testing.T) {
 		},
 	})
 }
+
+// TestGlobalUsageAddsUp: on Redis as on DynamoDB, what the replicas of a
+// region were asked for global keys reaches its store, summed
+// (backendtest.UsageAddsUp).
+func TestGlobalUsageAddsUp(t *testing.T) {
+	srv := redistest.Require(t)
+	client := newClient(t, srv)
+	clk := newFakeClock()
+	clock := backendtest.GlobalClock()
+	clk.ms.Store(clock.Start(clock.At(clk.now())+1) + 5_000)
+	admin := newAdmin(t, client, "usage", nil)
+	ctx := context.Background()
+	var replicas [2]*Backend
+	for i := range replicas {
+		replicas[i] = newBackend(t, client, Options{KeyPrefix: "usage", Global: backendtest.MovingGlobal(t), Now: clk.now, LeaseHorizon: -1})
+	}
+	backendtest.UsageAddsUp(t, backendtest.UsageWorld{
+		Replicas: [2]backend.Backend{replicas[0], replicas[1]},
+		Flush:    func(i int) error { return replicas[i].FlushUsage(ctx) },
+		Usage:    func(slot regions.Slot) (map[regions.Key]int64, error) { return admin.Usage(ctx, slot) },
+		Damage: func(slot regions.Slot) {
+			if _, err := srv.Do(ctx, "HSET", admin.keys.Usage(slot, 3), "x#0", `[["a","b",-1]]`); err != nil {
+				t.Fatal(err)
+			}
+		},
+		Now: clk.now, Advance: clk.advance,
+	})
+}

@@ -1,9 +1,10 @@
 // Package syncer runs one region's sync of the shares of global keys: each
-// window, for each key, it reads its own region's share record and every
-// other region's, and each region's demand, plans with regions.Plan, and
-// writes its own record back on the condition that it is still the one
-// it read. It writes to its own region's store only; it reads the others'.
-// The demand it plans on comes from its Demand function.
+// window it reads what every region's replicas were asked for each
+// global key over the window before (their usage), and for each key any
+// region was asked for it reads its own region's share record and every
+// other region's, plans with regions.Plan, and writes its own record back
+// on the condition that it is still the one it read. It writes to its
+// own region's store only; it reads the others'.
 package syncer
 
 import (
@@ -27,14 +28,11 @@ type Store interface {
 	// an error that wraps regions.ErrShareChanged. expireAt (epoch ms) is
 	// when the store may drop the record.
 	PutShare(ctx context.Context, entity, resource string, rec regions.Record, version, expireAt int64) (int64, error)
+	// Usage is what the region's replicas were asked for each global key
+	// in slot, in parts of its limit (regions.Asked); a key nobody asked
+	// for is not in it.
+	Usage(ctx context.Context, slot regions.Slot) (map[regions.Key]int64, error)
 }
-
-// Key names a global key: the bucket of Entity for Resource.
-type Key struct{ Entity, Resource string }
-
-// Demand is what region was asked for key over the last slot, in parts of
-// the limit (regions.Total is the whole limit's rate).
-type Demand func(ctx context.Context, region regions.Region, key Key) (int64, error)
 
 // Sync is one region's sync. Its zero value is not usable; fill every
 // field.
@@ -43,7 +41,6 @@ type Sync struct {
 	Split  regions.Split
 	Clock  regions.Clock
 	Stores map[regions.Region]Store // every region's, Me's included
-	Demand Demand
 	// Budget bounds a write: the plan is made for a write that lands
 	// this long after it, at the latest, and the write gives up then.
 	Budget time.Duration
@@ -59,44 +56,41 @@ type Result struct {
 	Unread, Refused []error
 }
 
-// Step runs one window's plan for key. Its error is for what stopped it
-// (its own record unreadable, its write failed or lost its condition);
-// the next window plans again from what the store holds then.
-func (s *Sync) Step(ctx context.Context, key Key) (Result, error) {
+// Step runs one window's plan for key, on demand: what each region was
+// asked for it over the last slot, in parts of the limit, for every
+// region whose usage was read (one missing is a region whose demand is
+// not known; one read with no use of the key is there with 0). Its error
+// is for what stopped it (its own record unreadable, its write failed or
+// lost its condition); the next window plans again from what the store
+// holds then.
+func (s *Sync) Step(ctx context.Context, key regions.Key, demand map[regions.Region]int64) (Result, error) {
 	var r Result
 	own, version, err := s.Stores[s.Me].GetShare(ctx, key.Entity, key.Resource)
 	if err != nil {
 		return r, fmt.Errorf("%s: its own share of %q/%q: %w", s.Me, key.Entity, key.Resource, err)
 	}
-	v := regions.View{Demand: map[regions.Region]int64{}, Records: map[regions.Region]regions.Record{}}
+	v := regions.View{Demand: demand, Records: map[regions.Region]regions.Record{}}
 	// The other regions are far (70 ms a call across an ocean): read
 	// them all at once, not one after the other.
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, region := range s.Split.Regions() {
+		if region == s.Me {
+			continue
+		}
 		wg.Go(func() {
-			d, derr := s.Demand(ctx, region, key)
 			var rec regions.Record
-			var rerr error
-			if region != s.Me {
-				if store, ok := s.Stores[region]; !ok {
-					rerr = errors.New("no store")
-				} else {
-					rec, _, rerr = store.GetShare(ctx, key.Entity, key.Resource)
-				}
+			var err error
+			if store, ok := s.Stores[region]; !ok {
+				err = errors.New("no store")
+			} else {
+				rec, _, err = store.GetShare(ctx, key.Entity, key.Resource)
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			if derr != nil {
-				r.Unread = append(r.Unread, fmt.Errorf("demand of %s: %w", region, derr))
+			if err != nil {
+				r.Unread = append(r.Unread, fmt.Errorf("share of %s: %w", region, err))
 			} else {
-				v.Demand[region] = d
-			}
-			switch {
-			case region == s.Me:
-			case rerr != nil:
-				r.Unread = append(r.Unread, fmt.Errorf("share of %s: %w", region, rerr))
-			default:
 				v.Records[region] = rec
 			}
 		})
@@ -119,4 +113,112 @@ func (s *Sync) Step(ctx context.Context, key Key) (Result, error) {
 	}
 	r.Wrote = true
 	return r, nil
+}
+
+// Round is what one window's sync of every key did.
+type Round struct {
+	// Slot is the slot whose usage it read: the one before the window's.
+	Slot regions.Slot
+	// Keys counts the keys it planned, Wrote those whose record it wrote.
+	Keys, Wrote int
+	// Unread lists what could not be read (a region's usage, a region's
+	// record of a key), Refused the loans Plan would not copy, Failed
+	// the keys whose step stopped: each an error to log and count.
+	Unread, Refused, Failed []error
+}
+
+// Parallel is how many keys a sync plans at once: each step waits on
+// reads across regions, so a window's keys are planned side by side.
+const Parallel = 32
+
+// Round runs one window's sync: it reads every region's usage of the
+// slot before now's, and steps every key any region was asked for then.
+// A key nobody asked for is left alone: its loans run out by their
+// ends, and every region falls back to its base.
+func (s *Sync) Round(ctx context.Context) Round {
+	slot := s.Clock.At(s.Now()) - 1
+	r := Round{Slot: slot}
+	used := make(map[regions.Region]map[regions.Key]int64, len(s.Stores))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, region := range s.Split.Regions() {
+		wg.Go(func() {
+			var u map[regions.Key]int64
+			var err error
+			if store, ok := s.Stores[region]; !ok {
+				err = errors.New("no store")
+			} else {
+				u, err = store.Usage(ctx, slot)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				r.Unread = append(r.Unread, fmt.Errorf("usage of %s: %w", region, err))
+				return
+			}
+			used[region] = u
+		})
+	}
+	wg.Wait()
+	keys := map[regions.Key]bool{}
+	for _, u := range used {
+		for k := range u {
+			keys[k] = true
+		}
+	}
+	r.Keys = len(keys)
+	sem := make(chan struct{}, Parallel)
+	for k := range keys {
+		demand := make(map[regions.Region]int64, len(used))
+		for region, u := range used {
+			demand[region] = u[k]
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			res, err := s.Step(ctx, k, demand)
+			mu.Lock()
+			defer mu.Unlock()
+			r.Unread = append(r.Unread, res.Unread...)
+			r.Refused = append(r.Refused, res.Refused...)
+			if err != nil {
+				r.Failed = append(r.Failed, err)
+			}
+			if res.Wrote {
+				r.Wrote++
+			}
+		})
+	}
+	wg.Wait()
+	return r
+}
+
+// Start is when in its window a sync runs its round: an eighth of the
+// way in, once the replicas have written the last window's usage (they
+// do within its first twentieth, backend.ReportSpread) and well before
+// the quarter by which a loan for the next slot must be written.
+func (s *Sync) Start(m regions.Slot) int64 { return s.Clock.Start(m) + s.Clock.Window/8 }
+
+// Run runs a round in every window until ctx ends, and hands each to
+// done.
+func (s *Sync) Run(ctx context.Context, done func(Round)) {
+	for {
+		next := s.Start(s.Clock.At(s.Now()) + 1)
+		if at := s.Start(s.Clock.At(s.Now())); at >= s.Now() {
+			next = at
+		}
+		t := time.NewTimer(time.Duration(next-s.Now()) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, time.Duration(s.Clock.Window/2)*time.Millisecond)
+		r := s.Round(rctx)
+		cancel()
+		if done != nil {
+			done(r)
+		}
+	}
 }

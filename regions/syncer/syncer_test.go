@@ -20,13 +20,14 @@ func TestMain(m *testing.M) { dynamodbtest.Main(m) }
 
 // TestSyncMovesSharesBetweenTables runs two regions, each on a table of
 // its own with a replica and a sync, weighted 3 to 1 for a global limit
-// of 400/s (burst 400). With demand in the small region only, the big
-// region's sync lends it its base, and two windows on the small region's
-// replica admits the whole burst while the big region's admits nothing.
-// When demand moves to the big region, the loan goes back and the small
-// region lends its own base: three windows on, the big region admits the
-// whole burst. At every step the two replicas together admit at most the
-// limit's burst.
+// of 400/s (burst 400). The demand the syncs plan on is what the
+// replicas were asked, written to their tables (backend/usage). With
+// demand in the small region only, the big region's sync lends it its
+// base, and three windows on the small region's replica admits the whole
+// burst while the big region's admits nothing. When demand moves to the
+// big region, the loan goes back and the small region lends its own
+// base: three windows on, the big region admits the whole burst. At
+// every step the two replicas together admit at most the limit's burst.
 func TestSyncMovesSharesBetweenTables(t *testing.T) {
 	srv := dynamodbtest.Require(t)
 	client := srv.Client(context.Background())
@@ -64,41 +65,50 @@ func TestSyncMovesSharesBetweenTables(t *testing.T) {
 		t.Cleanup(func() { b.Close() })
 		replicas[r] = b
 	}
-	demand := map[regions.Region]int64{"us-east-1": 0, "eu-west-1": 800_000}
 	syncs := map[regions.Region]*syncer.Sync{}
 	for _, r := range names {
-		syncs[r] = &syncer.Sync{Me: r, Split: split, Clock: clock, Stores: stores, Budget: time.Second, Now: now.Load,
-			Demand: func(_ context.Context, region regions.Region, _ syncer.Key) (int64, error) {
-				return demand[region], nil
-			}}
+		syncs[r] = &syncer.Sync{Me: r, Split: split, Clock: clock, Stores: stores, Budget: time.Second, Now: now.Load}
 	}
-	key := syncer.Key{Entity: "tenant-1", Resource: "api"}
-	step := func() {
-		t.Helper()
-		for _, r := range names {
-			if res, err := syncs[r].Step(context.Background(), key); err != nil || len(res.Unread)+len(res.Refused) > 0 {
-				t.Fatalf("%s's sync: %v (unread %v, refused %v)", r, err, res.Unread, res.Refused)
-			}
-		}
-	}
-	spec := bucket.Spec{Name: "rps", Rate: "400/s"}
-	l, err := spec.Limit()
+	key := regions.Key{Entity: "tenant-1", Resource: "api"}
+	l, err := (&bucket.Spec{Name: "rps", Rate: "400/s"}).Limit()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// drain asks each region's replica for more than the burst, in the
-	// middle of the current slot, and counts what each admits.
+	decide := func(r regions.Region, hits uint64) bool {
+		t.Helper()
+		d, err := replicas[r].Decide(context.Background(), &backend.Request{Entity: key.Entity, Resource: key.Resource,
+			Defaults: []bucket.Limit{l}, Hits: hits, Global: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Allowed
+	}
+	// next starts the next window as the replicas and syncs do: the
+	// replicas write what they were asked in the last, and each region's
+	// sync plans on it.
+	next := func() {
+		t.Helper()
+		now.Store(clock.Start(clock.At(now.Load())+1) + 500)
+		for _, r := range names {
+			if err := replicas[r].FlushUsage(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, r := range names {
+			round := syncs[r].Round(context.Background())
+			if round.Keys != 1 || len(round.Unread)+len(round.Refused)+len(round.Failed) > 0 {
+				t.Fatalf("%s's sync: %+v", r, round)
+			}
+		}
+	}
+	// drain asks each region's replica for more than the burst, a
+	// request at a time, and counts what each admits.
 	drain := func() map[regions.Region]int {
 		t.Helper()
 		got := map[regions.Region]int{}
 		for _, r := range names {
 			for range 500 {
-				d, err := replicas[r].Decide(context.Background(), &backend.Request{Entity: key.Entity, Resource: key.Resource,
-					Defaults: []bucket.Limit{l}, Hits: 1, Global: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d.Allowed {
+				if decide(r, 1) {
 					got[r]++
 				}
 			}
@@ -113,11 +123,14 @@ func TestSyncMovesSharesBetweenTables(t *testing.T) {
 	if got := drain(); got["us-east-1"] != 300 || got["eu-west-1"] != 100 {
 		t.Errorf("the bases: admitted %v, want 300 and 100", got)
 	}
-	// Windows on, the small region's demand borrows the big one's base.
-	for range 2 {
-		now.Add(clock.Window)
-		now.Store(clock.Start(clock.At(now.Load())) + 500)
-		step()
+	// The small region is asked for 0.8 of the limit a window (3,200
+	// tokens of a 400/s limit in 10 s: one request of them, denied, is
+	// asked all the same). Its sync reads that a window later, and the
+	// loan it is made starts a window after that: three windows on, the
+	// small region holds the big one's base.
+	for range 3 {
+		decide("eu-west-1", 3_200)
+		next()
 	}
 	// A bucket takes new limits with the tokens it held (never more): the
 	// first drain empties it under them, the second finds what 2 s of
@@ -129,15 +142,11 @@ func TestSyncMovesSharesBetweenTables(t *testing.T) {
 		t.Errorf("demand in eu-west-1 only: admitted %v, want all 400 there", got)
 	}
 	// Demand moves: within three windows the big region holds it all.
-	demand["us-east-1"], demand["eu-west-1"] = 800_000, 0
 	for range 3 {
-		now.Add(clock.Window)
-		now.Store(clock.Start(clock.At(now.Load())) + 500)
-		step()
-		now.Add(4_000)
-		drain()
+		decide("us-east-1", 3_200)
+		next()
 	}
-	now.Add(clock.Window)
+	now.Add(4_000)
 	drain()
 	now.Add(2_000)
 	if got := drain(); got["us-east-1"] != 400 || got["eu-west-1"] != 0 {
