@@ -8,9 +8,12 @@
 package syncer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -51,6 +54,11 @@ type Sync struct {
 // Result is what one Step did.
 type Result struct {
 	Wrote bool
+	// Shares is what each region whose record was read holds of the
+	// limit in the slot under way, by that record (its own by the record
+	// it planned), in parts; the demand the step planned on is its
+	// argument.
+	Shares map[regions.Region]int64
 	// Unread lists the regions whose record or demand could not be read,
 	// Refused what Plan would not copy: each an error to log and count.
 	Unread, Refused []error
@@ -98,6 +106,11 @@ func (s *Sync) Step(ctx context.Context, key regions.Key, demand map[regions.Reg
 	wg.Wait()
 	next, changed, refused := regions.Plan(s.Split, s.Clock, s.Me, s.Now()+s.Budget.Milliseconds(), own, v)
 	r.Refused = refused
+	m := s.Clock.At(s.Now())
+	r.Shares = map[regions.Region]int64{s.Me: next.Share(s.Split, s.Me, m)}
+	for region, rec := range v.Records {
+		r.Shares[region] = rec.Share(s.Split, region, m)
+	}
 	if !changed {
 		return r, nil
 	}
@@ -119,12 +132,23 @@ func (s *Sync) Step(ctx context.Context, key regions.Key, demand map[regions.Reg
 type Round struct {
 	// Slot is the slot whose usage it read: the one before the window's.
 	Slot regions.Slot
-	// Keys counts the keys it planned, Wrote those whose record it wrote.
-	Keys, Wrote int
+	// Keys are the keys it planned, Wrote counts those whose record it
+	// wrote.
+	Keys  []KeyRound
+	Wrote int
 	// Unread lists what could not be read (a region's usage, a region's
 	// record of a key), Refused the loans Plan would not copy, Failed
 	// the keys whose step stopped: each an error to log and count.
 	Unread, Refused, Failed []error
+}
+
+// KeyRound is one key's part of a Round: what each region was asked for
+// it over the slot read (a region whose usage could not be read is
+// missing) and what each region holds of it now (Result.Shares), in
+// parts of the limit.
+type KeyRound struct {
+	Key            regions.Key
+	Demand, Shares map[regions.Region]int64
 }
 
 // Parallel is how many keys a sync plans at once: each step waits on
@@ -136,9 +160,40 @@ const Parallel = 32
 // A key nobody asked for is left alone: its loans run out by their
 // ends, and every region falls back to its base.
 func (s *Sync) Round(ctx context.Context) Round {
-	slot := s.Clock.At(s.Now()) - 1
-	r := Round{Slot: slot}
-	used := make(map[regions.Region]map[regions.Key]int64, len(s.Stores))
+	r := Round{Slot: s.Clock.At(s.Now()) - 1}
+	used, unread := s.usage(ctx, r.Slot)
+	r.Unread = unread
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, Parallel)
+	for _, k := range usedKeys(used) {
+		demand := demandOf(k, used)
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			res, err := s.Step(ctx, k, demand)
+			mu.Lock()
+			defer mu.Unlock()
+			r.Keys = append(r.Keys, KeyRound{Key: k, Demand: demand, Shares: res.Shares})
+			r.Unread = append(r.Unread, res.Unread...)
+			r.Refused = append(r.Refused, res.Refused...)
+			if err != nil {
+				r.Failed = append(r.Failed, err)
+			}
+			if res.Wrote {
+				r.Wrote++
+			}
+		})
+	}
+	wg.Wait()
+	slices.SortFunc(r.Keys, func(a, b KeyRound) int { return compareKeys(a.Key, b.Key) })
+	return r
+}
+
+// usage reads every region's usage of slot at once; a region whose usage
+// could not be read is missing from used, and its error in unread.
+func (s *Sync) usage(ctx context.Context, slot regions.Slot) (used map[regions.Region]map[regions.Key]int64, unread []error) {
+	used = make(map[regions.Region]map[regions.Key]int64, len(s.Stores))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, region := range s.Split.Regions() {
@@ -153,44 +208,39 @@ func (s *Sync) Round(ctx context.Context) Round {
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
-				r.Unread = append(r.Unread, fmt.Errorf("usage of %s: %w", region, err))
+				unread = append(unread, fmt.Errorf("usage of %s: %w", region, err))
 				return
 			}
 			used[region] = u
 		})
 	}
 	wg.Wait()
+	return used, unread
+}
+
+// usedKeys lists the keys any region used, in order.
+func usedKeys(used map[regions.Region]map[regions.Key]int64) []regions.Key {
 	keys := map[regions.Key]bool{}
 	for _, u := range used {
 		for k := range u {
 			keys[k] = true
 		}
 	}
-	r.Keys = len(keys)
-	sem := make(chan struct{}, Parallel)
-	for k := range keys {
-		demand := make(map[regions.Region]int64, len(used))
-		for region, u := range used {
-			demand[region] = u[k]
-		}
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			res, err := s.Step(ctx, k, demand)
-			mu.Lock()
-			defer mu.Unlock()
-			r.Unread = append(r.Unread, res.Unread...)
-			r.Refused = append(r.Refused, res.Refused...)
-			if err != nil {
-				r.Failed = append(r.Failed, err)
-			}
-			if res.Wrote {
-				r.Wrote++
-			}
-		})
+	return slices.SortedFunc(maps.Keys(keys), compareKeys)
+}
+
+// demandOf is k's demand in every region whose usage was read: 0 where
+// it was not used.
+func demandOf(k regions.Key, used map[regions.Region]map[regions.Key]int64) map[regions.Region]int64 {
+	demand := make(map[regions.Region]int64, len(used))
+	for region, u := range used {
+		demand[region] = u[k]
 	}
-	wg.Wait()
-	return r
+	return demand
+}
+
+func compareKeys(a, b regions.Key) int {
+	return cmp.Or(cmp.Compare(a.Entity, b.Entity), cmp.Compare(a.Resource, b.Resource))
 }
 
 // Start is when in its window a sync runs its round: an eighth of the
@@ -221,4 +271,46 @@ func (s *Sync) Run(ctx context.Context, done func(Round)) {
 			done(r)
 		}
 	}
+}
+
+// Survey reads what a Round reads and writes nothing: for each of keys
+// (none: every key any region used over the last slot), what each region
+// was asked for it over that slot and what each holds of it in the slot
+// under way, by its own record. It is what an operator looks at
+// (`sluice shares`); unread lists what could not be read.
+func (s *Sync) Survey(ctx context.Context, keys []regions.Key) (rows []KeyRound, unread []error) {
+	m := s.Clock.At(s.Now())
+	used, unread := s.usage(ctx, m-1)
+	if len(keys) == 0 {
+		keys = usedKeys(used)
+	}
+	rows = make([]KeyRound, len(keys))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, Parallel)
+	for i, k := range keys {
+		rows[i] = KeyRound{Key: k, Demand: demandOf(k, used), Shares: map[regions.Region]int64{}}
+		for _, region := range s.Split.Regions() {
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				var rec regions.Record
+				var err error
+				if store, ok := s.Stores[region]; !ok {
+					err = errors.New("no store")
+				} else {
+					rec, _, err = store.GetShare(ctx, k.Entity, k.Resource)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					unread = append(unread, fmt.Errorf("share of %s: %w", region, err))
+					return
+				}
+				rows[i].Shares[region] = rec.Share(s.Split, region, m)
+			})
+		}
+	}
+	wg.Wait()
+	return rows, unread
 }

@@ -2,6 +2,7 @@ package syncer_test
 
 import (
 	"context"
+	"maps"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,8 +87,9 @@ func TestSyncMovesSharesBetweenTables(t *testing.T) {
 	// next starts the next window as the replicas and syncs do: the
 	// replicas write what they were asked in the last, and each region's
 	// sync plans on it.
-	next := func() {
+	next := func() map[regions.Region]syncer.Round {
 		t.Helper()
+		rounds := map[regions.Region]syncer.Round{}
 		now.Store(clock.Start(clock.At(now.Load())+1) + 500)
 		for _, r := range names {
 			if err := replicas[r].FlushUsage(context.Background()); err != nil {
@@ -96,10 +98,12 @@ func TestSyncMovesSharesBetweenTables(t *testing.T) {
 		}
 		for _, r := range names {
 			round := syncs[r].Round(context.Background())
-			if round.Keys != 1 || len(round.Unread)+len(round.Refused)+len(round.Failed) > 0 {
+			if len(round.Keys) != 1 || round.Keys[0].Key != key || len(round.Unread)+len(round.Refused)+len(round.Failed) > 0 {
 				t.Fatalf("%s's sync: %+v", r, round)
 			}
+			rounds[r] = round
 		}
+		return rounds
 	}
 	// drain asks each region's replica for more than the burst, a
 	// request at a time, and counts what each admits.
@@ -128,9 +132,20 @@ func TestSyncMovesSharesBetweenTables(t *testing.T) {
 	// asked all the same). Its sync reads that a window later, and the
 	// loan it is made starts a window after that: three windows on, the
 	// small region holds the big one's base.
-	for range 3 {
+	for i := range 3 {
 		decide("eu-west-1", 3_200)
-		next()
+		rounds := next()
+		if i > 0 {
+			continue
+		}
+		// The first window's demand: the drain's 500 requests in each
+		// region (125,000 parts) and the 3,200 tokens.
+		want := map[regions.Region]int64{"us-east-1": 125_000, "eu-west-1": 925_000}
+		for _, r := range names {
+			if got := rounds[r].Keys[0].Demand; !maps.Equal(got, want) {
+				t.Errorf("%s's sync read demand %v, want %v", r, got, want)
+			}
+		}
 	}
 	// A bucket takes new limits with the tokens it held (never more): the
 	// first drain empties it under them, the second finds what 2 s of
@@ -142,14 +157,31 @@ func TestSyncMovesSharesBetweenTables(t *testing.T) {
 		t.Errorf("demand in eu-west-1 only: admitted %v, want all 400 there", got)
 	}
 	// Demand moves: within three windows the big region holds it all.
+	var last map[regions.Region]syncer.Round
 	for range 3 {
 		decide("us-east-1", 3_200)
-		next()
+		last = next()
 	}
 	now.Add(4_000)
 	drain()
 	now.Add(2_000)
+	if got := last["us-east-1"].Keys[0].Shares; got["us-east-1"] != regions.Total || got["eu-west-1"] != 0 {
+		t.Errorf("us-east-1's sync saw the shares %v, want all of the limit in us-east-1", got)
+	}
 	if got := drain(); got["us-east-1"] != 400 || got["eu-west-1"] != 0 {
 		t.Errorf("demand moved to us-east-1: admitted %v, want all 400 there", got)
+	}
+	// What an operator sees (sluice shares), from either region: the
+	// limit all in us-east-1, and a key no sync planned at its bases.
+	other := regions.Key{Entity: "tenant-2", Resource: "api"}
+	rows, unread := syncs["eu-west-1"].Survey(context.Background(), []regions.Key{key, other})
+	if len(unread) > 0 || len(rows) != 2 {
+		t.Fatalf("survey: %+v, unread %v", rows, unread)
+	}
+	if got := rows[0].Shares; got["us-east-1"] != regions.Total || got["eu-west-1"] != 0 {
+		t.Errorf("survey of %v: shares %v, want all of the limit in us-east-1", key, got)
+	}
+	if got := rows[1].Shares; got["us-east-1"] != 750_000 || got["eu-west-1"] != 250_000 {
+		t.Errorf("survey of %v: shares %v, want the bases", other, got)
 	}
 }
