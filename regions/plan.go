@@ -318,3 +318,12 @@ func (rec *Record) room(s Split, me, borrower Region, l Loan, keep int64) int64 
 	}
 	return lo
 }
+
+// Fits reports whether demand d of region r, with Headroom, fits r's
+// base. While every region's does, Targets leaves each at its base and
+// nobody lends: a sync that read every region's demand and holds no
+// loans of its own has nothing to plan, and need not read the others'
+// records.
+func Fits(s Split, r Region, d int64) bool {
+	return mulDiv(min(max(d, 0), 100*Total), 100+Headroom, 100) <= s.Base(r)
+}

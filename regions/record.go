@@ -155,3 +155,15 @@ func (rec Record) Equal(o Record) bool {
 	}
 	return eq(rec.Out, o.Out) && eq(rec.In, o.In)
 }
+
+// Lends reports whether rec lends anything for slot m or later, as its
+// lender last knew: a lender that does must read its borrowers' records
+// to learn what they give back.
+func (rec Record) Lends(m Slot) bool {
+	for _, ls := range rec.Out {
+		if ls.end() >= m {
+			return true
+		}
+	}
+	return false
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
+	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/usage"
 	"github.com/sluice-rl/sluice/regions"
 )
@@ -112,3 +113,7 @@ func (b *Backend) FlushUsage(ctx context.Context) error {
 	}
 	return b.moving.Flush(ctx, b.writeUsage)
 }
+
+// Moving is what the replica keeps for global shares that move; nil when
+// they do not.
+func (b *Backend) Moving() *backend.Moving { return b.moving }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-rl/sluice/backend"
@@ -83,12 +84,18 @@ func newAdminGroup(group *cobra.Command, subs ...func(*adminOptions) *cobra.Comm
 // persistent, so `sluice limits set --table T` works.
 func addAdminFlags(cmd *cobra.Command, o *adminOptions) {
 	f := cmd.PersistentFlags()
+	addStoreFlags(f, o)
+	f.StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
+}
+
+// addStoreFlags defines the flags that say where the deployment's store
+// is, as serve was given it.
+func addStoreFlags(f *pflag.FlagSet, o *adminOptions) {
 	f.StringVar(&o.backend, "backend", "dynamodb", "where the deployment keeps its limits and buckets: dynamodb or redis (as given to serve)")
 	f.StringVar(&o.table, "table", "", "dynamodb backend: the table (required)")
 	addDynamoDBFlags(f, &o.region, &o.endpoint)
 	addRedisFlags(f, &o.redis)
 	f.StringVar(&o.keyPrefix, "key-prefix", "", "the key prefix of the deployment (as given to serve)")
-	f.StringVarP(&o.output, "output", "o", "table", "output format: table, json or yaml")
 }
 
 // redisDialTimeout bounds connecting to Redis, as serve bounds it.

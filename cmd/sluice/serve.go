@@ -58,7 +58,7 @@ type serveOptions struct {
 	dynamicMetadata               bool
 	responseHeaders               bool
 	pprof                         bool
-	globalRegion, globalRegions   string
+	global                        globalOptions
 	shutdownTimeout               time.Duration
 	logLevel, logFormat           string
 	nearLimitRatio                float64
@@ -132,8 +132,7 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.coalesceWrites, "coalesce-writes", true, "dynamodb and redis backends: decisions for a bucket that arrive while its write is in flight are decided together and written as one (redis: decisions on any bucket that arrive while the script is in flight share its next run)")
 	f.DurationVar(&o.denyStaleness, "deny-staleness", time.Second, "dynamodb backend: deny without calling DynamoDB from a bucket state seen at most this long ago; 0 turns it off")
 	f.DurationVar(&o.leaseHorizon, "lease-horizon", ddb.DefaultLeaseHorizon, "dynamodb and redis backends: how long the tokens a replica leases from a bucket should last at its own demand (most decisions then need no call to the store); 0 turns leases off: every allowed decision writes")
-	f.StringVar(&o.globalRegion, "global-region", "", "this replica's region among --global-regions: it enforces that region's part of every rule marked global")
-	f.StringVar(&o.globalRegions, "global-regions", "", "the regions that share the rules marked global, each with its weight (us-east-1=2,eu-west-1=1; a region's part is its weight over their sum); the same in every region; empty: global rules are enforced whole")
+	o.global.addFlags(f)
 	f.IntVar(&o.memoryMaxBuckets, "memory-max-buckets", memory.DefaultMaxBuckets, "memory backend: most buckets held; least recently used go first")
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
 	f.BoolVar(&o.quotaMode, "quota-mode", false, "treat every limited descriptor as quota_mode does: over its limit, it fails a request only when all of the request's quota-mode descriptors are")
@@ -282,6 +281,12 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 			return nil, err
 		}
 	}
+	if m, ok := be.(interface{ Moving() *backend.Moving }); ok && m.Moving() != nil {
+		if err := tel.ObserveMoving(m.Moving().Stats); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
 	// Admission first: a call shed costs no work beyond its decoding.
 	// Only ShouldRateLimit is limited; health checks and reflection
 	// answer however loaded the server is.
@@ -355,7 +360,9 @@ type servedBackend interface {
 // table must exist: serve stops at once, naming the fix, rather than
 // failing every request.
 func openBackend(ctx context.Context, o serveOptions, tel *telemetry.Telemetry, log *slog.Logger) (servedBackend, error) {
-	global, err := parseGlobal(o.globalRegion, o.globalRegions)
+	// The memory backend has no store to share records through: its
+	// global rules stay at the region's base.
+	global, err := o.global.global(o.backend != "memory")
 	if err != nil {
 		return nil, err
 	}

@@ -298,7 +298,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	o := testOptions(dir)
-	o.globalRegion, o.globalRegions = "eu-west-1", "us-east-1=3,eu-west-1=1"
+	o.global.region, o.global.regions = "eu-west-1", "us-east-1=3,eu-west-1=1"
 	s, _, _ := startTestServer(t, o)
 	client := dial(t, s.grpcLn.Addr().String())
 	for key, want := range map[string]int{"tenant": 100, "ip": 400} {

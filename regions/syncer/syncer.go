@@ -72,10 +72,20 @@ type Result struct {
 // lost its condition); the next window plans again from what the store
 // holds then.
 func (s *Sync) Step(ctx context.Context, key regions.Key, demand map[regions.Region]int64) (Result, error) {
+	return s.step(ctx, key, demand, false)
+}
+
+// step is Step; second is for a window's second round (Starts), which
+// only copies in loans and takes back what was given back.
+func (s *Sync) step(ctx context.Context, key regions.Key, demand map[regions.Region]int64, second bool) (Result, error) {
 	var r Result
 	own, version, err := s.Stores[s.Me].GetShare(ctx, key.Entity, key.Resource)
 	if err != nil {
 		return r, fmt.Errorf("%s: its own share of %q/%q: %w", s.Me, key.Entity, key.Resource, err)
+	}
+	if m := s.Clock.At(s.Now()); s.idle(own, demand, m, second) {
+		r.Shares = map[regions.Region]int64{s.Me: own.Share(s.Split, s.Me, m)}
+		return r, nil
 	}
 	v := regions.View{Demand: demand, Records: map[regions.Region]regions.Record{}}
 	// The other regions are far (70 ms a call across an ocean): read
@@ -136,6 +146,8 @@ type Round struct {
 	// wrote.
 	Keys  []KeyRound
 	Wrote int
+	// Took is how long the round ran.
+	Took time.Duration
 	// Unread lists what could not be read (a region's usage, a region's
 	// record of a key), Refused the loans Plan would not copy, Failed
 	// the keys whose step stopped: each an error to log and count.
@@ -159,7 +171,15 @@ const Parallel = 32
 // slot before now's, and steps every key any region was asked for then.
 // A key nobody asked for is left alone: its loans run out by their
 // ends, and every region falls back to its base.
-func (s *Sync) Round(ctx context.Context) Round {
+func (s *Sync) Round(ctx context.Context) Round { return s.round(ctx, false) }
+
+// SecondRound is a window's second round (Starts): it reads what Round
+// reads, and copies in the loans the other regions' first rounds made
+// and takes back what was given back, for the keys that may have any.
+func (s *Sync) SecondRound(ctx context.Context) Round { return s.round(ctx, true) }
+
+func (s *Sync) round(ctx context.Context, second bool) Round {
+	started := time.Now()
 	r := Round{Slot: s.Clock.At(s.Now()) - 1}
 	used, unread := s.usage(ctx, r.Slot)
 	r.Unread = unread
@@ -171,7 +191,7 @@ func (s *Sync) Round(ctx context.Context) Round {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			res, err := s.Step(ctx, k, demand)
+			res, err := s.step(ctx, k, demand, second)
 			mu.Lock()
 			defer mu.Unlock()
 			r.Keys = append(r.Keys, KeyRound{Key: k, Demand: demand, Shares: res.Shares})
@@ -187,7 +207,31 @@ func (s *Sync) Round(ctx context.Context) Round {
 	}
 	wg.Wait()
 	slices.SortFunc(r.Keys, func(a, b KeyRound) int { return compareKeys(a.Key, b.Key) })
+	r.Took = time.Since(started)
 	return r
+}
+
+// idle reports whether a step of a key whose record is own, with demand,
+// in slot m, has nothing to do, and need not read the other regions'
+// records (two of the three reads a step makes, across an ocean). In a
+// first round: when own holds no loan for m or later and every region's
+// demand is known and fits its base, nobody lends (regions.Fits). In a
+// second: when no loan is coming (its own demand fits its base) and own
+// lends nothing that could be given back.
+func (s *Sync) idle(own regions.Record, demand map[regions.Region]int64, m regions.Slot, second bool) bool {
+	if second {
+		d, ok := demand[s.Me]
+		return ok && regions.Fits(s.Split, s.Me, d) && !own.Lends(m)
+	}
+	if own.Until() >= m {
+		return false
+	}
+	for _, r := range s.Split.Regions() {
+		if d, ok := demand[r]; !ok || !regions.Fits(s.Split, r, d) {
+			return false
+		}
+	}
+	return true
 }
 
 // usage reads every region's usage of slot at once; a region whose usage
@@ -243,20 +287,49 @@ func compareKeys(a, b regions.Key) int {
 	return cmp.Or(cmp.Compare(a.Entity, b.Entity), cmp.Compare(a.Resource, b.Resource))
 }
 
-// Start is when in its window a sync runs its round: an eighth of the
-// way in, once the replicas have written the last window's usage (they
-// do within its first twentieth, backend.ReportSpread) and well before
-// the quarter by which a loan for the next slot must be written.
-func (s *Sync) Start(m regions.Slot) int64 { return s.Clock.Start(m) + s.Clock.Window/8 }
+// Starts are when in each window a sync runs its rounds, in ms from the
+// window's start. The first comes a tenth of the way in, once the
+// replicas have written the last window's usage (they do within its
+// first twentieth, backend.ReportSpread), leaving time for its reads
+// across regions and its writes (DefaultBudget) before the quarter by
+// which a loan for the next window must be written: there it lends,
+// gives back and borrows. The second comes a tenth after that quarter,
+// when every region's first round has written: there it copies in the
+// loans made to it and takes back what was given back, so that its
+// replicas read them before the next window begins; its own lending
+// changes only if the first round could not make it (a key planned that
+// late has its loans start a window later).
+func (s *Sync) Starts() [2]int64 {
+	w := s.Clock.Window
+	return [2]int64{w / 10, w/4 + w/10}
+}
 
-// Run runs a round in every window until ctx ends, and hands each to
-// done.
+// next is the first time a round starts at or after now.
+func (s *Sync) next(now int64) int64 {
+	m := s.Clock.At(now)
+	for _, slot := range []regions.Slot{m, m + 1} {
+		for _, off := range s.Starts() {
+			if at := s.Clock.Start(slot) + off; at >= now {
+				return at
+			}
+		}
+	}
+	return s.Clock.Start(m+1) + s.Starts()[0]
+}
+
+// DefaultBudget is the Budget of a sync on clock c: a twentieth of a
+// window (500 ms for 10 s), a hundred times a write to a region's own
+// store.
+func DefaultBudget(c regions.Clock) time.Duration {
+	return time.Duration(c.Window/20) * time.Millisecond
+}
+
+// Run runs its rounds in every window (Starts) until ctx ends, and
+// hands each to done. A round is given until the next starts, at most
+// half a window.
 func (s *Sync) Run(ctx context.Context, done func(Round)) {
 	for {
-		next := s.Start(s.Clock.At(s.Now()) + 1)
-		if at := s.Start(s.Clock.At(s.Now())); at >= s.Now() {
-			next = at
-		}
+		next := s.next(s.Now())
 		t := time.NewTimer(time.Duration(next-s.Now()) * time.Millisecond)
 		select {
 		case <-ctx.Done():
@@ -264,8 +337,8 @@ func (s *Sync) Run(ctx context.Context, done func(Round)) {
 			return
 		case <-t.C:
 		}
-		rctx, cancel := context.WithTimeout(ctx, time.Duration(s.Clock.Window/2)*time.Millisecond)
-		r := s.Round(rctx)
+		rctx, cancel := context.WithTimeout(ctx, time.Duration(min(s.next(next+1)-next, s.Clock.Window/2))*time.Millisecond)
+		r := s.round(rctx, next-s.Clock.Start(s.Clock.At(next)) >= s.Starts()[1])
 		cancel()
 		if done != nil {
 			done(r)

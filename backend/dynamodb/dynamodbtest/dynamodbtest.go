@@ -174,12 +174,16 @@ func (s *Server) Endpoint() string { return s.endpoint }
 // credentials, region us-east-1. Nothing is read from the environment.
 // The context is not used; it is there so that the signature can stay
 // when it is.
-func (s *Server) Client(_ context.Context) *dynamodb.Client {
+func (s *Server) Client(_ context.Context) *dynamodb.Client { return s.ClientAt(s.endpoint) }
+
+// ClientAt is Client, calling endpoint instead of the server: a Proxy
+// in front of it.
+func (s *Server) ClientAt(endpoint string) *dynamodb.Client {
 	return dynamodb.NewFromConfig(aws.Config{
 		Region:      Region,
 		Credentials: credentials.NewStaticCredentialsProvider(AccessKeyID, SecretAccessKey, ""),
 	}, func(o *dynamodb.Options) {
-		o.BaseEndpoint = aws.String(s.endpoint)
+		o.BaseEndpoint = aws.String(endpoint)
 		// DynamoDB Local sends no x-amz-crc32 header on error responses,
 		// which the SDK would take for a checksum mismatch
 		// (aws/aws-sdk-go-v2#3545).

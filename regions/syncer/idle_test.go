@@ -1,0 +1,134 @@
+package syncer_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/sluice-rl/sluice/regions"
+	"github.com/sluice-rl/sluice/regions/syncer"
+)
+
+// memStore is a region's store in memory, counting the share records
+// read and written.
+type memStore struct {
+	mu           sync.Mutex
+	recs         map[regions.Key]regions.Record
+	vers         map[regions.Key]int64
+	usage        map[regions.Key]int64
+	reads, wrote int
+}
+
+func newMemStore() *memStore {
+	return &memStore{recs: map[regions.Key]regions.Record{}, vers: map[regions.Key]int64{}, usage: map[regions.Key]int64{}}
+}
+
+func (m *memStore) GetShare(_ context.Context, entity, resource string) (regions.Record, int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reads++
+	k := regions.Key{Entity: entity, Resource: resource}
+	return m.recs[k], m.vers[k], nil
+}
+
+func (m *memStore) PutShare(_ context.Context, entity, resource string, rec regions.Record, version, _ int64) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := regions.Key{Entity: entity, Resource: resource}
+	if m.vers[k] != version {
+		return 0, regions.ErrShareChanged
+	}
+	m.wrote++
+	m.recs[k], m.vers[k] = rec, version+1
+	return version + 1, nil
+}
+
+func (m *memStore) Usage(context.Context, regions.Slot) (map[regions.Key]int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[regions.Key]int64{}
+	for k, v := range m.usage {
+		out[k] = v
+	}
+	return out, nil
+}
+
+// TestIdleKeysReadOnlyTheirOwnRecord: a key whose demand fits every
+// region's base costs each region's sync one read of its own record a
+// round, and no write; one whose demand does not is planned across the
+// regions, and a region's second round reads the others' records only
+// where a loan may be coming to it or it lends.
+func TestIdleKeysReadOnlyTheirOwnRecord(t *testing.T) {
+	split, err := regions.NewSplit(map[regions.Region]int64{"a": 1, "b": 1, "c": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := regions.Clock{Window: 10_000, Skew: 1_000, Hold: 1_000}
+	now := clock.Start(1_000) + 1_000
+	stores := map[regions.Region]*memStore{}
+	all := map[regions.Region]syncer.Store{}
+	for _, r := range split.Regions() {
+		stores[r] = newMemStore()
+		all[r] = stores[r]
+	}
+	syncs := map[regions.Region]*syncer.Sync{}
+	for _, r := range split.Regions() {
+		syncs[r] = &syncer.Sync{Me: r, Split: split, Clock: clock, Stores: all, Budget: syncer.DefaultBudget(clock),
+			Now: func() int64 { return now }}
+	}
+	quiet, busy := regions.Key{Entity: "quiet", Resource: "api"}, regions.Key{Entity: "busy", Resource: "api"}
+	// The quiet key is asked for a fifth of the limit in each region,
+	// within a third with headroom; the busy one for all of it in a.
+	for _, r := range split.Regions() {
+		stores[r].usage[quiet] = 200_000
+	}
+	counts := func() (reads, wrote int) {
+		for _, s := range stores {
+			reads, wrote = reads+s.reads, wrote+s.wrote
+			s.reads, s.wrote = 0, 0
+		}
+		return
+	}
+	round := func(second bool, keys int) {
+		t.Helper()
+		for _, r := range split.Regions() {
+			var res syncer.Round
+			if second {
+				res = syncs[r].SecondRound(context.Background())
+			} else {
+				res = syncs[r].Round(context.Background())
+			}
+			if len(res.Unread)+len(res.Refused)+len(res.Failed) > 0 || len(res.Keys) != keys {
+				t.Fatalf("%s: %+v", r, res)
+			}
+		}
+	}
+	for _, c := range []struct {
+		name         string
+		second       bool
+		keys         int
+		reads, wrote int
+	}{
+		// The quiet key alone: each region reads its own record.
+		{"quiet", false, 1, 3, 0},
+		// With the busy key: it is read in every region, b and c lend
+		// to a.
+		{"busy", false, 2, 3 + 9, 2},
+		// The second round: a copies the loans in; b and c, which lend,
+		// read whether a gave any back.
+		{"copy", true, 2, 3 + 9, 1},
+		// A second round again: nothing new.
+		{"again", true, 2, 3 + 9, 0},
+	} {
+		if c.name == "busy" {
+			stores["a"].usage[busy] = 1_000_000
+		}
+		round(c.second, c.keys)
+		if reads, wrote := counts(); reads != c.reads || wrote != c.wrote {
+			t.Errorf("%s: %d records read and %d written, want %d and %d", c.name, reads, wrote, c.reads, c.wrote)
+		}
+	}
+	if got := stores["a"].recs[busy].Share(split, "a", clock.At(now)+1); got != regions.Total {
+		t.Errorf("a's share of the busy key next window: %d, want the whole limit", got)
+	}
+}
