@@ -45,10 +45,11 @@ fuzz:
 	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$pkg || exit 1; \
 	done
 
-## soak: mixed traffic on two replicas and DynamoDB Local with every fault injected in turn, then every bucket audited (SOAK_DURATION, default 3m); prints a summary
+## soak: mixed traffic on two replicas and DynamoDB Local with every fault injected in turn, then every bucket audited (SOAK_DURATION, default 3m), then three regions sharing a global limit for 8 minutes with a partition and a sync outage; prints a summary
 SOAK_DURATION ?= 3m
 soak: dynamodb-local
 	$(GO) test -count=1 -run '^TestSoak$$' -timeout 60m -v ./cmd/sluice -soak.duration=$(SOAK_DURATION)
+	$(GO) test -count=1 -run '^TestRegionsKeepTheBoundAndFollowDemand$$' -timeout 30m -v ./regions/syncer -regions.long
 
 ## image: the container image (needs a Docker engine)
 image:

@@ -87,10 +87,11 @@ func (m *Moving) Flush(ctx context.Context, write WriteUsage) error {
 // replicas spread the writes of the window before: a sync reads a slot's
 // usage after it (regions/syncer), and the writes of a fleet do not all
 // land on the store at once.
-const ReportSpread = 20 // a twentieth
+const ReportSpread = 40 // a fortieth
 
 // Report runs Flush early in every window, at a point in the first
-// twentieth of it picked at random for each window, until ctx ends.
+// fortieth of it (ReportSpread) picked at random for each window, until
+// ctx ends.
 func (m *Moving) Report(ctx context.Context, write WriteUsage) {
 	c := m.global.Clock()
 	for {

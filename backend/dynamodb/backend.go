@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/lease"
 	"github.com/sluice-rl/sluice/backend/recordcache"
+	"github.com/sluice-rl/sluice/backend/usage"
 )
 
 // API is the part of *dynamodb.Client the backend calls.
@@ -101,11 +102,10 @@ type Backend struct {
 	// leases is nil when leases are off.
 	leases *backend.Leases[bucketKey]
 	// moving keeps the share records of global keys and counts what
-	// they are asked; nil unless Options.Global moves. replica and shard
-	// name this replica's usage items.
+	// they are asked; nil unless Options.Global moves. replica
+	// names this replica's usage items.
 	moving  *backend.Moving
-	replica string
-	shard   int
+	replica usage.Replica
 	// bg runs the work that outlives calls (renewals, returns, the
 	// sweep, detached writes) until Close.
 	bg       *backend.Background
@@ -178,7 +178,7 @@ func New(api API, opts Options) (*Backend, error) {
 		if b.moving, err = backend.NewMoving(opts.Global, b.readShare, opts.ConfigCacheSize, opts.Now); err != nil {
 			return nil, err
 		}
-		if b.replica, b.shard, err = newReplicaID(); err != nil {
+		if b.replica, err = usage.NewReplica(); err != nil {
 			return nil, err
 		}
 		b.bg.Go(func() { b.moving.Report(b.bg.SweepContext(), b.writeUsage) })

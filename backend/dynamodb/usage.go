@@ -2,10 +2,7 @@ package dynamodb
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"sync"
 
@@ -23,14 +20,13 @@ import (
 // with ten thousand busy keys writes a few hundred kilobytes once a
 // window, where an ADD per key would be ten thousand writes. They sit
 // under USAGE#{slot}#{shard}, the shard picked by the replica's id, so a
-// large fleet's writes at the start of a window spread over usageShards
-// partitions, and a sync reads a slot with usageShards queries. SK
+// large fleet's writes at the start of a window spread over usage.Shards
+// partitions, and a sync reads a slot with usage.Shards queries. SK
 // #USAGE#{replica}#{chunk}; each expires a few windows after its slot.
 const (
 	usageMarker   = "USAGE#"
 	usageSKMarker = "#USAGE#"
 	attrUsage     = "u"
-	usageShards   = 16
 	// usageChunk is the most JSON one item holds, below DynamoDB's 400
 	// KB item limit with room for its keys.
 	usageChunk = 350 << 10
@@ -41,26 +37,14 @@ func (k Keys) UsagePK(slot regions.Slot, shard int) string {
 	return k.pk(usageMarker, strconv.FormatInt(int64(slot), 10)+"#"+strconv.Itoa(shard))
 }
 
-// newReplicaID names a replica's usage items: random, so replicas
-// started from one image never write over each other's sums.
-func newReplicaID() (string, int, error) {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", 0, fmt.Errorf("naming the replica's usage items: %w", err)
-	}
-	h := fnv.New32a()
-	h.Write(b[:])
-	return hex.EncodeToString(b[:]), int(h.Sum32() % usageShards), nil
-}
-
 // writeUsage writes this replica's sums of slot (backend.WriteUsage).
 func (b *Backend) writeUsage(ctx context.Context, slot regions.Slot, counts map[regions.Key]int64) error {
 	window := b.opts.Global.Clock().Window
 	expire := ceilSeconds(b.opts.Global.Clock().Start(slot) + 4*window)
 	for i, chunk := range usage.Encode(counts, usageChunk) {
 		_, err := b.api.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(b.table), Item: map[string]types.AttributeValue{
-			attrPK:    str(b.keys.UsagePK(slot, b.shard)),
-			attrSK:    str(usageSKMarker + b.replica + "#" + strconv.Itoa(i)),
+			attrPK:    str(b.keys.UsagePK(slot, b.replica.Shard)),
+			attrSK:    str(usageSKMarker + b.replica.ID + "#" + strconv.Itoa(i)),
 			attrUsage: str(string(chunk)),
 			attrTTL:   num(expire),
 		}})
@@ -79,9 +63,9 @@ func (b *Backend) writeUsage(ctx context.Context, slot regions.Slot, counts map[
 func (a *Admin) Usage(ctx context.Context, slot regions.Slot) (map[regions.Key]int64, error) {
 	var mu sync.Mutex
 	counts := map[regions.Key]int64{}
-	errs := make([]error, usageShards)
+	errs := make([]error, usage.Shards)
 	var wg sync.WaitGroup
-	for shard := range usageShards {
+	for shard := range usage.Shards {
 		wg.Go(func() {
 			errs[shard] = a.query(ctx, &dynamodb.QueryInput{
 				KeyConditionExpression:    aws.String("#pk = :pk"),

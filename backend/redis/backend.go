@@ -14,6 +14,7 @@ import (
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/lease"
 	"github.com/sluice-rl/sluice/backend/recordcache"
+	"github.com/sluice-rl/sluice/backend/usage"
 )
 
 // Options configure a Backend. Zero values take the defaults named on
@@ -116,11 +117,10 @@ type Backend struct {
 	// may have gone, renewals, returns, the sweep) until Close.
 	bg *backend.Background
 	// moving keeps the share records of global keys and counts what
-	// they are asked; nil unless Options.Global moves. replica and shard
-	// name this replica's usage fields.
+	// they are asked; nil unless Options.Global moves. replica
+	// names this replica's usage fields.
 	moving  *backend.Moving
-	replica string
-	shard   int
+	replica usage.Replica
 }
 
 // New returns a Backend on client. It does not call Redis; see Ping.
@@ -159,7 +159,7 @@ func New(client rueidis.Client, opts Options) (*Backend, error) {
 		if b.moving, err = backend.NewMoving(opts.Global, b.readShare, opts.ConfigCacheSize, opts.Now); err != nil {
 			return nil, err
 		}
-		if b.replica, b.shard, err = newReplicaID(); err != nil {
+		if b.replica, err = usage.NewReplica(); err != nil {
 			return nil, err
 		}
 		b.bg.Go(func() { b.moving.Report(b.bg.SweepContext(), b.writeUsage) })

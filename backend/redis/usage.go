@@ -2,10 +2,7 @@ package redis
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 
 	"github.com/redis/rueidis"
@@ -19,10 +16,9 @@ import (
 // (backend/usage) is a field per replica and chunk of a hash per slot
 // and shard, {prefix}:u:{slot}:{shard}, the shard picked by the
 // replica's id: a replica writes a few fields once a window, not one per
-// key, and a sync reads a slot with usageShards HGETALLs. Each hash
+// key, and a sync reads a slot with usage.Shards HGETALLs. Each hash
 // expires a few windows after its slot.
 const (
-	usageShards = 16
 	// usageChunk is the most JSON one field holds.
 	usageChunk = 256 << 10
 )
@@ -32,25 +28,13 @@ func (k Keys) Usage(slot regions.Slot, shard int) string {
 	return k.base() + ":u:" + strconv.FormatInt(int64(slot), 10) + ":" + strconv.Itoa(shard)
 }
 
-// newReplicaID names a replica's usage fields: random, so replicas
-// started from one image never write over each other's sums.
-func newReplicaID() (string, int, error) {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return "", 0, fmt.Errorf("naming the replica's usage fields: %w", err)
-	}
-	h := fnv.New32a()
-	h.Write(b[:])
-	return hex.EncodeToString(b[:]), int(h.Sum32() % usageShards), nil
-}
-
 // writeUsage writes this replica's sums of slot (backend.WriteUsage).
 func (b *Backend) writeUsage(ctx context.Context, slot regions.Slot, counts map[regions.Key]int64) error {
 	c := b.opts.Global.Clock()
-	key := b.keys.Usage(slot, b.shard)
+	key := b.keys.Usage(slot, b.replica.Shard)
 	cmds := rueidis.Commands{}
 	for i, chunk := range usage.Encode(counts, usageChunk) {
-		cmds = append(cmds, b.client.B().Hset().Key(key).FieldValue().FieldValue(b.replica+"#"+strconv.Itoa(i), string(chunk)).Build())
+		cmds = append(cmds, b.client.B().Hset().Key(key).FieldValue().FieldValue(b.replica.ID+"#"+strconv.Itoa(i), string(chunk)).Build())
 	}
 	// Relative, so that a replica's clock off the server's moves nothing.
 	ttl := max(c.Start(slot)+4*c.Window-b.opts.Now(), c.Window)
@@ -70,8 +54,8 @@ func (b *Backend) writeUsage(ctx context.Context, slot regions.Slot, counts map[
 // whose sums were written: what a sync reads as the region's demand. A
 // key no replica was asked for is not in it.
 func (a *Admin) Usage(ctx context.Context, slot regions.Slot) (map[regions.Key]int64, error) {
-	cmds := make(rueidis.Commands, usageShards)
-	for shard := range usageShards {
+	cmds := make(rueidis.Commands, usage.Shards)
+	for shard := range usage.Shards {
 		cmds[shard] = a.client.B().Hgetall().Key(a.keys.Usage(slot, shard)).Build()
 	}
 	counts := map[regions.Key]int64{}

@@ -11,8 +11,11 @@ package usage
 
 import (
 	"cmp"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"math"
 	"slices"
@@ -142,4 +145,28 @@ func Decode(b []byte, counts map[regions.Key]int64) error {
 		counts[k] = min(counts[k]+min(r.Parts, math.MaxInt64/2), math.MaxInt64/2)
 	}
 	return nil
+}
+
+// Shards is how many parts a region's usage of one slot is spread over
+// (DynamoDB partitions, Redis hashes): a large fleet's writes at the
+// start of a window do not all land on one, and a sync reads a slot with
+// Shards reads.
+const Shards = 16
+
+// Replica names one replica's usage entries, and the shard they go to.
+type Replica struct {
+	ID    string
+	Shard int
+}
+
+// NewReplica is a random Replica, so that replicas started from one
+// image never write over each other's sums.
+func NewReplica() (Replica, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return Replica{}, fmt.Errorf("naming the replica's usage: %w", err)
+	}
+	h := fnv.New32a()
+	h.Write(b[:])
+	return Replica{ID: hex.EncodeToString(b[:]), Shard: int(h.Sum32() % Shards)}, nil
 }

@@ -288,20 +288,25 @@ func compareKeys(a, b regions.Key) int {
 }
 
 // Starts are when in each window a sync runs its rounds, in ms from the
-// window's start. The first comes a tenth of the way in, once the
-// replicas have written the last window's usage (they do within its
-// first twentieth, backend.ReportSpread), leaving time for its reads
-// across regions and its writes (DefaultBudget) before the quarter by
-// which a loan for the next window must be written: there it lends,
-// gives back and borrows. The second comes a tenth after that quarter,
-// when every region's first round has written: there it copies in the
-// loans made to it and takes back what was given back, so that its
-// replicas read them before the next window begins; its own lending
-// changes only if the first round could not make it (a key planned that
-// late has its loans start a window later).
+// window's start by its clock.
+//
+// The first comes once every replica has written the last window's
+// usage: replicas write it within the first fortieth of a window by
+// their own clocks (backend.ReportSpread), which may be Skew ahead of
+// the sync's, so it waits Skew and a twentieth. That leaves time for its
+// reads across regions and its write (DefaultBudget) before the quarter
+// by which a loan for the next window must be written: there it lends,
+// gives back and borrows. A key planned later has its loans start a
+// window later.
+//
+// The second comes once every region's first round has written its
+// loans, by a quarter into the window on a clock up to Skew off, and a
+// fortieth more: there it copies in the loans made to it and takes back
+// what was given back, so that its replicas read them before the next
+// window begins.
 func (s *Sync) Starts() [2]int64 {
 	w := s.Clock.Window
-	return [2]int64{w / 10, w/4 + w/10}
+	return [2]int64{s.Clock.Skew + w/20, w/4 + s.Clock.Skew + w/40}
 }
 
 // next is the first time a round starts at or after now.
@@ -317,11 +322,10 @@ func (s *Sync) next(now int64) int64 {
 	return s.Clock.Start(m+1) + s.Starts()[0]
 }
 
-// DefaultBudget is the Budget of a sync on clock c: a twentieth of a
-// window (500 ms for 10 s), a hundred times a write to a region's own
-// store.
+// DefaultBudget is the Budget of a sync on clock c: a fortieth of a
+// window (250 ms for 10 s), fifty times a write to a region's own store.
 func DefaultBudget(c regions.Clock) time.Duration {
-	return time.Duration(c.Window/20) * time.Millisecond
+	return time.Duration(c.Window/40) * time.Millisecond
 }
 
 // Run runs its rounds in every window (Starts) until ctx ends, and

@@ -3,6 +3,7 @@ package syncer_test
 import (
 	"context"
 	"maps"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -28,7 +29,9 @@ func TestMain(m *testing.M) { dynamodbtest.Main(m) }
 // burst while the big region's admits nothing. When demand moves to the
 // big region, the loan goes back and the small region lends its own
 // base: three windows on, the big region admits the whole burst. At
-// every step the two replicas together admit at most the limit's burst.
+// every step the two replicas together admit at most the limit's burst,
+// and an operator's config of the key in one region's table is left as
+// the operator wrote it.
 func TestSyncMovesSharesBetweenTables(t *testing.T) {
 	srv := dynamodbtest.Require(t)
 	client := srv.Client(context.Background())
@@ -75,6 +78,20 @@ func TestSyncMovesSharesBetweenTables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An operator wrote the key's limit into eu-west-1's table (the
+	// rule's, so the counts below are the same): the syncs write their
+	// share records beside it and never touch it.
+	operator := backend.EntityKey(key.Entity, key.Resource)
+	written, err := stores["eu-west-1"].(*ddb.Admin).PutConfig(context.Background(), operator, []bucket.Limit{l}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		got, ok, err := stores["eu-west-1"].(*ddb.Admin).GetConfig(context.Background(), operator)
+		if err != nil || !ok || !reflect.DeepEqual(got, written) {
+			t.Errorf("the operator's config after the syncs: %+v (found %v, %v), want it as written: %+v", got, ok, err, written)
+		}
+	}()
 	decide := func(r regions.Region, hits uint64) bool {
 		t.Helper()
 		d, err := replicas[r].Decide(context.Background(), &backend.Request{Entity: key.Entity, Resource: key.Resource,
