@@ -3,7 +3,8 @@
 // at most a time the regions' clock allows (regions.Clock.CacheFor): past
 // it, the record is read again before the next decision on its key, so
 // that a loan its region made is in force on the replica before the
-// borrower may use it.
+// borrower may use it. From half that time on, a key in use has its
+// record read again in the background, so its decisions do not wait.
 //
 // A read that fails is not kept: the next decision reads again, and the
 // caller fails its decision meanwhile. A record is never taken as absent
@@ -64,35 +65,46 @@ func New(read Read, ttl time.Duration, size int, now func() int64) (*Cache, erro
 
 // Get is the share record of entity's bucket for resource, from the
 // cache while it is young enough, else read (one read for all callers
-// that ask at once).
+// that ask at once). Past half its time, a record is read again in the
+// background while callers go on using it, so that a key in use never
+// waits for its record: only a key's first decisions, and those after a
+// read failed or took longer than half the time, do.
 func (c *Cache) Get(ctx context.Context, entity, resource string) (regions.Record, error) {
 	k := key{entity, resource}
-	if e, ok := c.lru.Get(k); ok && c.now()-e.readAt < c.ttl {
-		return e.rec, nil
+	if e, ok := c.lru.Get(k); ok {
+		switch age := c.now() - e.readAt; {
+		case age < c.ttl/2:
+			return e.rec, nil
+		case age < c.ttl:
+			c.load(ctx, k) // not waited for
+			return e.rec, nil
+		}
 	}
+	select {
+	case r := <-c.load(ctx, k):
+		if r.Err != nil {
+			return regions.Record{}, r.Err
+		}
+		return r.Val.(regions.Record), nil
+	case <-ctx.Done():
+		return regions.Record{}, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, ctx.Err())
+	}
+}
+
+// load reads k's record into the cache, once for all who ask while it
+// runs. The read outlives a caller that gives up, within a timeout of its
+// own.
+func (c *Cache) load(ctx context.Context, k key) <-chan singleflight.Result {
 	// A length prefix keeps any two keys apart, whatever bytes they hold.
-	ch := c.group.DoChan(strconv.Itoa(len(entity))+":"+entity+resource, func() (any, error) {
+	return c.group.DoChan(strconv.Itoa(len(k.entity))+":"+k.entity+k.resource, func() (any, error) {
 		start := c.now()
-		// The read is shared: it outlives a caller that gives up, within
-		// a timeout of its own.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readTimeout)
 		defer cancel()
-		rec, err := c.read(rctx, entity, resource)
+		rec, err := c.read(rctx, k.entity, k.resource)
 		if err != nil {
 			return nil, err
 		}
 		c.lru.Add(k, entry{rec: rec, readAt: start})
 		return rec, nil
 	})
-	var v any
-	select {
-	case r := <-ch:
-		if r.Err != nil {
-			return regions.Record{}, r.Err
-		}
-		v = r.Val
-	case <-ctx.Done():
-		return regions.Record{}, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, ctx.Err())
-	}
-	return v.(regions.Record), nil
 }

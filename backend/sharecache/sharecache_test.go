@@ -38,8 +38,10 @@ func loan(parts int64) regions.Record {
 	return regions.Record{In: map[regions.Region]regions.Loans{"us": {{Made: 1, From: 1, To: 9, Parts: parts}}}}
 }
 
-// TestCacheKeepsForTTL: a record is reused until ttl after its read
-// began, then read again; a failed read is not kept and fails the call.
+// TestCacheKeepsForTTL: a record is reused until half its ttl after its
+// read began, then read again in the background while it is still
+// used, and never used past its ttl; a failed read is not kept and
+// fails the call.
 func TestCacheKeepsForTTL(t *testing.T) {
 	s := &store{recs: map[string]regions.Record{"e/r": loan(5)}}
 	var now atomic.Int64
@@ -63,12 +65,30 @@ func TestCacheKeepsForTTL(t *testing.T) {
 	s.mu.Lock()
 	s.recs["e/r"] = loan(7)
 	s.mu.Unlock()
-	now.Add(4499)
+	now.Add(2249)
 	if !get().Equal(loan(5)) || s.reads.Load() != 1 {
-		t.Errorf("within the ttl: read again (%d reads) or changed", s.reads.Load())
+		t.Errorf("within half the ttl: read again (%d reads) or changed", s.reads.Load())
 	}
+	// From half the ttl, the record is read again behind the callers'
+	// backs; they get the one they had until the new one is in.
 	now.Add(1)
-	if !get().Equal(loan(7)) || s.reads.Load() != 2 {
+	if !get().Equal(loan(5)) {
+		t.Error("past half the ttl: the record changed before its read")
+	}
+	for deadline := time.Now().Add(5 * time.Second); !get().Equal(loan(7)); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the record was not read again past half its ttl (%d reads)", s.reads.Load())
+		}
+	}
+	if n := s.reads.Load(); n != 2 {
+		t.Errorf("%d reads, want 2", n)
+	}
+	// Unused past its ttl, a record is read before it is used.
+	now.Add(4500)
+	s.mu.Lock()
+	s.recs["e/r"] = loan(9)
+	s.mu.Unlock()
+	if !get().Equal(loan(9)) || s.reads.Load() != 3 {
 		t.Errorf("at the ttl: %d reads, want the new record read", s.reads.Load())
 	}
 	if rec, err := c.Get(ctx, "other", "r"); err != nil || !rec.Equal(regions.Record{}) {
@@ -119,5 +139,40 @@ func TestCacheSharesARead(t *testing.T) {
 	y, _ := c.Get(context.Background(), "a", "bc")
 	if x.Equal(y) {
 		t.Error("two keys shared a record")
+	}
+}
+
+// TestCacheRefreshWaitsForNobody: a read behind the callers' backs that
+// hangs keeps nobody waiting until the record it would replace is past
+// its ttl; then callers wait, and give up at their deadlines.
+func TestCacheRefreshWaitsForNobody(t *testing.T) {
+	s := &store{recs: map[string]regions.Record{"e/r": loan(5)}}
+	var now atomic.Int64
+	c, err := New(s.read, time.Second, 10, now.Load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Get(context.Background(), "e", "r"); err != nil {
+		t.Fatal(err)
+	}
+	s.gate = make(chan struct{})
+	defer close(s.gate)
+	now.Store(900)
+	for range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		rec, err := c.Get(ctx, "e", "r")
+		cancel()
+		if err != nil || !rec.Equal(loan(5)) {
+			t.Errorf("while the read hangs, before the ttl: %v, %v; want the record kept", rec, err)
+		}
+	}
+	now.Store(1_000)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := c.Get(ctx, "e", "r"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("past the ttl, the read hanging: %v, want the caller's deadline", err)
+	}
+	if n := s.reads.Load(); n != 2 {
+		t.Errorf("%d reads, want the first and one hanging", n)
 	}
 }

@@ -1,14 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,25 +19,6 @@ import (
 
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a command writing while a
-// test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestSyncMovesSharesOnRedis: two regions, each on a Redis database of
 // its own, with a replica (serve) and a sync each, 2 s windows. Traffic
@@ -82,9 +65,9 @@ func TestSyncMovesSharesOnRedis(t *testing.T) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	logs := map[string]*lockedBuffer{}
+	logs := map[string]*syncBuffer{}
 	for me, other := range map[string]string{"us": "eu", "eu": "us"} {
-		logs[me] = &lockedBuffer{}
+		logs[me] = &syncBuffer{}
 		wg.Go(func() {
 			if code := run(ctx, append(syncArgs(me, other), "--http-addr", "127.0.0.1:0", "--log-level", "debug"), logs[me], logs[me]); code != 0 {
 				t.Errorf("%s's sync: exit %d\n%s", me, code, logs[me])
@@ -196,4 +179,102 @@ func syncMetrics(t *testing.T) map[string]bool {
 		t.Fatalf("docs/metrics.md lists %d metrics of the sync", len(out))
 	}
 	return out
+}
+
+// TestSyncKilledKeepsTheBound: two regions on Redis databases of their
+// own, a replica and a sync process each, 2 s windows, demand for a
+// global limit of 100/s at 120/s in us and 30/s in eu. us's sync is
+// killed with SIGKILL in the middle of a window and started again three
+// windows later. Over every span of a window, and over the whole run,
+// the regions together admit no more than the burst and the rate allow;
+// once its sync is back, us holds more than its base again.
+func TestSyncKilledKeepsTheBound(t *testing.T) {
+	srv := redistest.Require(t)
+	dir := t.TempDir()
+	rules := "domain: api\ndescriptors:\n  - key: tenant\n    global: true\n    limits: [{name: rps, rate: 100/s}]\n"
+	if err := os.WriteFile(filepath.Join(dir, "api.yaml"), []byte(rules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	url := map[string]string{"us": "redis://" + srv.Addr() + "/2", "eu": "redis://" + srv.Addr() + "/3"}
+	const window = 2 * time.Second
+	replicas := map[string]*server{}
+	for _, r := range []string{"us", "eu"} {
+		o := testOptions(dir)
+		o.backend, o.redis.URL, o.keyPrefix = "redis", url[r], "k"
+		o.global = globalOptions{region: r, regions: "us=1,eu=1", window: window, skew: 100 * time.Millisecond, hold: 200 * time.Millisecond}
+		replicas[r], _, _ = startTestServer(t, o)
+	}
+	startSync := func(me, other string) *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "sync", "--backend", "redis", "--redis-url", url[me], "--key-prefix", "k", "--global-region", me,
+			"--global-regions", "us=1,eu=1", "--global-store", other+"="+url[other], "--global-window", "2s", "--global-skew", "100ms",
+			"--global-hold", "200ms", "--http-addr", "127.0.0.1:0")
+		cmd.Env = append(os.Environ(), runMainEnv+"=1")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	usSync := startSync("us", "eu")
+	startSync("eu", "us")
+
+	const tick = 100 * time.Millisecond
+	const ticks = 13 * int(window/tick)
+	admitted := map[string][]atomic.Int64{"us": make([]atomic.Int64, ticks), "eu": make([]atomic.Int64, ticks)}
+	start := time.Now()
+	ctx, stop := context.WithTimeout(context.Background(), time.Duration(ticks)*tick)
+	defer stop()
+	var wg sync.WaitGroup
+	for region, rate := range map[string]int{"us": 120, "eu": 30} {
+		client := dial(t, replicas[region].grpcLn.Addr().String())
+		for range 4 {
+			wg.Go(func() {
+				every := time.Duration(4 * int(time.Second) / rate)
+				for next := time.Now(); ctx.Err() == nil; next = next.Add(every) {
+					time.Sleep(time.Until(next))
+					began := time.Now()
+					resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api",
+						Descriptors: []*rlv3.RateLimitDescriptor{{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: "t1"}}}}})
+					if n := int(began.Sub(start) / tick); err == nil && resp.OverallCode == rlsv3.RateLimitResponse_OK && n < ticks {
+						admitted[region][n].Add(1)
+					}
+				}
+			})
+		}
+	}
+	// Kill us's sync in the middle of the fifth window; start it again
+	// three windows later.
+	time.Sleep(time.Until(start.Add(4*window + window/2)))
+	usSync.Process.Signal(syscall.SIGKILL)
+	usSync.Wait()
+	time.Sleep(time.Until(start.Add(7*window + window/2)))
+	startSync("us", "eu")
+	wg.Wait()
+
+	sum := func(region string, from, to int) (n int64) {
+		for i := max(from, 0); i < min(to, ticks); i++ {
+			if region != "eu" {
+				n += admitted["us"][i].Load()
+			}
+			if region != "us" {
+				n += admitted["eu"][i].Load()
+			}
+		}
+		return n
+	}
+	win := int(window / tick)
+	for from := 0; from+win <= ticks; from++ {
+		// 100 of burst, 200 of rate, and a call a region on its way.
+		if got := sum("", from, from+win); got > 100+200+2 {
+			t.Errorf("ticks %d to %d: %d admitted, over the 302 the limit allows", from, from+win, got)
+		}
+	}
+	if got, allowed := sum("", 0, ticks), 100+100*(time.Duration(ticks)*tick+time.Second).Seconds()+2; float64(got) > allowed {
+		t.Errorf("the run: %d admitted, over B + R*T + 2 = %.0f", got, allowed)
+	}
+	// us's base is 50/s, 200 in two windows; back with its sync, it holds
+	// its part of the demand again, 80/s.
+	if got := sum("us", ticks-2*win, ticks); got <= 250 {
+		t.Errorf("us admitted %d in the last two windows, want more than its base's 200 (its part of demand is 320)", got)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/sluice-rl/sluice/backend/bucket"
 	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
+	"github.com/sluice-rl/sluice/backend/lease"
 	"github.com/sluice-rl/sluice/regions"
 	"github.com/sluice-rl/sluice/regions/syncer"
 )
@@ -33,15 +35,17 @@ var long = flag.Bool("regions.long", false, "run the regions' world at full size
 // requests per region, each request deciding one hit of the key; every
 // admission is counted in 100 ms ticks by when its decision began.
 type world struct {
-	t      *testing.T
-	clock  regions.Clock
-	split  regions.Split
-	names  []regions.Region
-	limit  bucket.Limit
-	rate   float64 // tokens a second
-	key    regions.Key
-	start  time.Time
-	region map[regions.Region]*region
+	t     *testing.T
+	clock regions.Clock
+	split regions.Split
+	names []regions.Region
+	limit bucket.Limit
+	rate  float64 // tokens a second
+	key   regions.Key
+	// deadline is each call's, as Envoy's timeout is.
+	deadline time.Duration
+	start    time.Time
+	region   map[regions.Region]*region
 }
 
 type region struct {
@@ -57,6 +61,8 @@ type region struct {
 	slow     atomic.Int64 // decisions that took 50 ms or more
 	errs     atomic.Int64
 	firstErr atomic.Value
+	kindsMu  sync.Mutex
+	kinds    map[string]int // failed decisions by the start of their error
 	lat      latencies
 
 	newSync func() *syncer.Sync
@@ -91,6 +97,9 @@ func (l *latencies) quantile(q float64) time.Duration {
 
 const tick = 100 * time.Millisecond
 
+// quoted finds the key in an error, to count errors by kind.
+var quoted = regexp.MustCompile(`"[^"]*"`)
+
 type worldConfig struct {
 	clock     regions.Clock
 	rate      string // of the limit, e.g. "200/s" (burst the same)
@@ -107,6 +116,10 @@ type worldConfig struct {
 	// and then (they then start a window later).
 	minUse float64
 	settle int
+	// deadline is each call's: Envoy's 50 ms (the example envoy.yaml's)
+	// at full size; 1 s in make test, where three emulators share two
+	// cores with the rest of the suite and answer in tens of ms at times.
+	deadline time.Duration
 }
 
 func newWorld(t *testing.T, c worldConfig) *world {
@@ -120,7 +133,7 @@ func newWorld(t *testing.T, c worldConfig) *world {
 		t.Fatal(err)
 	}
 	w := &world{t: t, clock: c.clock, split: split, names: split.Regions(), limit: l,
-		rate: float64(l.Amount) / float64(l.Period), key: regions.Key{Entity: "tenant-1", Resource: "api"},
+		rate: float64(l.Amount) / float64(l.Period), key: regions.Key{Entity: "tenant-1", Resource: "api"}, deadline: c.deadline,
 		region: map[regions.Region]*region{}}
 	offsets := map[regions.Region]int64{"us-east-1": c.clock.Skew / 2, "eu-west-1": 0, "ap-south-1": -c.clock.Skew / 2}
 	servers := map[regions.Region]*dynamodbtest.Server{}
@@ -144,7 +157,7 @@ func newWorld(t *testing.T, c worldConfig) *world {
 	}
 	ticks := c.end*int(time.Duration(c.clock.Window)*time.Millisecond/tick) + 100
 	for _, name := range w.names {
-		r := &region{name: name, offset: offsets[name], far: map[regions.Region]*dynamodbtest.Proxy{},
+		r := &region{name: name, offset: offsets[name], far: map[regions.Region]*dynamodbtest.Proxy{}, kinds: map[string]int{},
 			admitted: make([]atomic.Int64, ticks), asked: make([]atomic.Int64, ticks)}
 		now := func() int64 { return time.Now().UnixMilli() + r.offset }
 		r.near = proxy(name, c.near)
@@ -242,17 +255,22 @@ func (w *world) killSync(r *region) {
 }
 
 // load asks each region's replicas for its demand, a request every
-// 1/demand seconds spread over 8 workers a region, until ctx ends.
+// 1/demand seconds spread over 64 workers a region (as many as keep up
+// while calls wait out their deadlines), until ctx ends.
 func (w *world) load(ctx context.Context) *sync.WaitGroup {
 	var wg sync.WaitGroup
 	for _, r := range w.region {
-		work := make(chan int, 1024)
-		for i := range 8 {
+		work := make(chan int, 4096)
+		for i := range 64 {
 			wg.Go(func() {
 				b := r.replicas[i%len(r.replicas)]
-				for n := range work {
+				for range work {
+					// Counted by when the decision began, not when it
+					// was asked for: a request the workers are late
+					// for is decided late.
 					began := time.Now()
-					dctx, cancel := context.WithTimeout(ctx, time.Second)
+					n := min(int(began.Sub(w.start)/tick), len(r.admitted)-1)
+					dctx, cancel := context.WithTimeout(ctx, w.deadline)
 					d, err := b.Decide(dctx, &backend.Request{Entity: w.key.Entity, Resource: w.key.Resource,
 						Defaults: []bucket.Limit{w.limit}, Hits: 1, Global: true})
 					cancel()
@@ -266,6 +284,10 @@ func (w *world) load(ctx context.Context) *sync.WaitGroup {
 					case err != nil && ctx.Err() == nil:
 						r.errs.Add(1)
 						r.firstErr.CompareAndSwap(nil, err.Error())
+						kind := quoted.ReplaceAllString(err.Error(), "…")
+						r.kindsMu.Lock()
+						r.kinds[kind]++
+						r.kindsMu.Unlock()
 					case err == nil && d.Allowed:
 						r.admitted[n].Add(1)
 					}
@@ -333,9 +355,9 @@ func asked(r *region) []atomic.Int64    { return r.asked }
 // syncs), and a smaller form in make test (4 s windows, 100/s, no
 // partition nor outage, a window more to settle; see worldConfig):
 //   - the bound: in any span of a window, the regions together admit no
-//     more than the burst and the rate over the span allow (plus the
-//     requests a deadline may straddle), and over the whole run no more
-//     than B + R*T + 3;
+//     more than the burst and the rate over the span allow, plus what
+//     leases held when it began and the requests a deadline may
+//     straddle, and over the whole run no more than B + R*T + 3;
 //   - use: in each window while demand exceeds the limit, outside the
 //     warm-up, the shift and faults and the windows they take to
 //     settle, at least minUse of the rate is admitted;
@@ -343,14 +365,15 @@ func asked(r *region) []atomic.Int64    { return r.asked }
 //     region admits at least 0.8 of the part of the limit its demand
 //     calls for (0.8 of it, demand being split 5/15/80);
 //   - no decision leaves its region: the replicas have no client of
-//     another region's table; the p50 and p99 of their decisions are
-//     logged, and at full size the p99 is held to 20 ms.
+//     another region's table. Each call has its deadline (Envoy's 50 ms
+//     at full size); the p50 and p99 of the decisions are logged, and
+//     fewer than a thousandth may fail.
 func TestRegionsKeepTheBoundAndFollowDemand(t *testing.T) {
 	c := worldConfig{clock: regions.Clock{Window: 4_000, Skew: 200, Hold: 300}, rate: "100/s", near: 5 * time.Millisecond, far: 70 * time.Millisecond,
-		shift: 7, end: 15, minUse: 0.85, settle: 4}
+		shift: 7, end: 15, minUse: 0.85, settle: 4, deadline: time.Second}
 	if *long {
 		c = worldConfig{clock: regions.Clock{Window: 10_000, Skew: 1_000, Hold: 1_000}, rate: "1000/s", near: 5 * time.Millisecond, far: 70 * time.Millisecond,
-			shift: 12, partition: 18, kill: 30, end: 48, minUse: 0.9, settle: 3}
+			shift: 12, partition: 18, kill: 30, end: 48, minUse: 0.9, settle: 3, deadline: 50 * time.Millisecond}
 	}
 	w := newWorld(t, c)
 	win := int(time.Duration(c.clock.Window) * time.Millisecond / tick) // ticks a window
@@ -417,19 +440,24 @@ func TestRegionsKeepTheBoundAndFollowDemand(t *testing.T) {
 
 	// The bound over every span of a window, and over the whole run.
 	burst := float64(w.limit.Burst) / bucket.Milli
-	slack := w.rate*1.0 + 3 // a decision may take up to its 1 s deadline
+	slack := w.rate*c.deadline.Seconds() + 3 // a decision may take up to its deadline
+	// Over a span that starts while leases are out, the tokens they hold
+	// (at most lease.DefaultShare of each region's burst, a tenth of the
+	// limit's together) may be spent on top: they left their buckets
+	// before it (docs/dynamodb.md). Over the whole run, from full buckets
+	// and no leases, the bound is exact.
 	var tightest float64
 	for from := 0; from+win <= end; from++ {
 		got := w.sum(from, from+win, admitted)
-		allowed := burst + w.rate*float64(win)*tick.Seconds()
+		allowed := burst*(1+lease.DefaultShare) + w.rate*float64(win)*tick.Seconds()
 		tightest = max(tightest, float64(got)/allowed)
 		if float64(got) > allowed+slack {
 			t.Errorf("ticks %d to %d: %d admitted, over the %.0f the limit allows", from, from+win, got, allowed+slack)
 		}
 	}
-	t.Logf("the fullest window admitted %.3f of B + R*W", tightest)
+	t.Logf("the fullest window admitted %.3f of 1.1*B + R*W", tightest)
 	all := w.sum(0, end, admitted)
-	run := time.Duration(end)*tick + time.Second // the last decisions end within their deadline
+	run := time.Duration(end)*tick + c.deadline // the last decisions end within their deadline
 	if allowed := burst + w.rate*run.Seconds() + 3; float64(all) > allowed {
 		t.Errorf("the run: %d admitted, over B + R*T + 3 = %.0f", all, allowed)
 	}
@@ -470,12 +498,15 @@ func TestRegionsKeepTheBoundAndFollowDemand(t *testing.T) {
 		}
 		t.Logf("%s: p50 %v, p99 %v, %d decisions of 50 ms or more, %d failed; its syncs: %d rounds, %d writes (%.2f a window), %d errors",
 			name, r.lat.quantile(0.5), r.lat.quantile(0.99), r.slow.Load(), r.errs.Load(), rounds, wrote, float64(wrote)/float64(c.end), errs)
-		if r.errs.Load() > 0 {
-			t.Errorf("%s: %d decisions failed, the first with %v", name, r.errs.Load(), r.firstErr.Load())
+		if len(r.kinds) > 0 {
+			t.Logf("%s: failed decisions by kind: %v", name, r.kinds)
 		}
-		if p99 := r.lat.quantile(0.99); *long && p99 > 20*time.Millisecond {
-			t.Errorf("%s: p99 %v, want 20 ms at most", name, p99)
+		// A call that fails is one Envoy answers by its failure mode;
+		// past a thousandth of the calls, that is a fault of its own.
+		if n := r.errs.Load(); n > int64(len(r.lat.d))/1000 {
+			t.Errorf("%s: %d of %d decisions failed, the first with %v", name, n, len(r.lat.d), r.firstErr.Load())
 		}
+
 	}
 	t.Logf("admitted %d over %v: %.3f of B + R*T", all, run, float64(all)/(burst+w.rate*run.Seconds()))
 }
