@@ -23,6 +23,7 @@ type Moving struct {
 	global Global
 	shares *sharecache.Cache
 	usage  *usage.Counter
+	write  WriteUsage
 	now    func() int64
 
 	written, failed atomic.Uint64
@@ -33,9 +34,10 @@ type Moving struct {
 type WriteUsage func(ctx context.Context, slot regions.Slot, counts map[regions.Key]int64) error
 
 // NewMoving is the Moving of a replica of g (which moves), reading share
-// records with read and keeping at most size keys of records and of
-// sums; now is its clock in epoch milliseconds.
-func NewMoving(g Global, read sharecache.Read, size int, now func() int64) (*Moving, error) {
+// records with read, writing its usage with write, and keeping at most
+// size keys of records and of sums; now is its clock in epoch
+// milliseconds.
+func NewMoving(g Global, read sharecache.Read, write WriteUsage, size int, now func() int64) (*Moving, error) {
 	if !g.Moves() {
 		return nil, errors.New("global shares that do not move need no share records")
 	}
@@ -44,7 +46,7 @@ func NewMoving(g Global, read sharecache.Read, size int, now func() int64) (*Mov
 	if err != nil {
 		return nil, err
 	}
-	return &Moving{global: g, shares: shares, usage: usage.New(size), now: now}, nil
+	return &Moving{global: g, shares: shares, usage: usage.New(size), write: write, now: now}, nil
 }
 
 // enforce is res as req enforces it on entity's bucket, for a global
@@ -64,16 +66,17 @@ func (m *Moving) enforce(ctx context.Context, req *Request, entity string, res R
 	return m.global.ApplyShare(res, rec, now), nil
 }
 
-// Flush writes the sums of every slot that is over with write, oldest
-// first, and reports what it could not write: those sums are lost (the
-// region's demand reads low for that window).
-func (m *Moving) Flush(ctx context.Context, write WriteUsage) error {
+// Flush writes the sums of every slot that is over, oldest first, and
+// reports what it could not write: those sums are lost (the region's
+// demand reads low for that window). Report runs it early in every
+// window.
+func (m *Moving) Flush(ctx context.Context) error {
 	var errs []error
 	for _, s := range m.usage.Take(m.global.Clock().At(m.now())) {
 		if len(s.Counts) == 0 {
 			continue
 		}
-		if err := write(ctx, s.Slot, s.Counts); err != nil {
+		if err := m.write(ctx, s.Slot, s.Counts); err != nil {
 			m.failed.Add(1)
 			errs = append(errs, fmt.Errorf("writing the usage of slot %d: %w", s.Slot, err))
 		} else {
@@ -92,7 +95,7 @@ const ReportSpread = 40 // a fortieth
 // Report runs Flush early in every window, at a point in the first
 // fortieth of it (ReportSpread) picked at random for each window, until
 // ctx ends.
-func (m *Moving) Report(ctx context.Context, write WriteUsage) {
+func (m *Moving) Report(ctx context.Context) {
 	c := m.global.Clock()
 	for {
 		next := c.Start(c.At(m.now())+1) + rand.Int64N(max(c.Window/ReportSpread, 1))
@@ -104,7 +107,7 @@ func (m *Moving) Report(ctx context.Context, write WriteUsage) {
 		case <-t.C:
 		}
 		wctx, cancel := context.WithTimeout(ctx, time.Duration(c.Window/2)*time.Millisecond)
-		m.Flush(wctx, write)
+		m.Flush(wctx)
 		cancel()
 	}
 }

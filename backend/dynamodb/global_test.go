@@ -186,7 +186,7 @@ func TestGlobalUsageAddsUp(t *testing.T) {
 	}
 	backendtest.UsageAddsUp(t, backendtest.UsageWorld{
 		Replicas: [2]backend.Backend{replicas[0], replicas[1]},
-		Flush:    func(i int) error { return replicas[i].FlushUsage(ctx) },
+		Flush:    func(i int) error { return replicas[i].Moving().Flush(ctx) },
 		Usage:    func(slot regions.Slot) (map[regions.Key]int64, error) { return admin.Usage(ctx, slot) },
 		Damage: func(slot regions.Slot) {
 			if _, err := e.client.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(e.table), Item: map[string]types.AttributeValue{

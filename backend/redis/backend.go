@@ -156,13 +156,13 @@ func New(client rueidis.Client, opts Options) (*Backend, error) {
 	}
 	b.bg = backend.NewBackground()
 	if opts.Global.Moves() {
-		if b.moving, err = backend.NewMoving(opts.Global, b.readShare, opts.ConfigCacheSize, opts.Now); err != nil {
+		if b.moving, err = backend.NewMoving(opts.Global, b.readShare, b.writeUsage, opts.ConfigCacheSize, opts.Now); err != nil {
 			return nil, err
 		}
 		if b.replica, err = usage.NewReplica(); err != nil {
 			return nil, err
 		}
-		b.bg.Go(func() { b.moving.Report(b.bg.SweepContext(), b.writeUsage) })
+		b.bg.Go(func() { b.moving.Report(b.bg.SweepContext()) })
 	}
 	if opts.LeaseHorizon > 0 {
 		b.leases = backend.NewLeases(lease.Policy{Horizon: opts.LeaseHorizon.Milliseconds(), Share: opts.LeaseShare},

@@ -73,16 +73,7 @@ func (a *Admin) Usage(ctx context.Context, slot regions.Slot) (map[regions.Key]i
 	return counts, nil
 }
 
-// FlushUsage writes what this replica was asked for global keys in the
-// windows that are over and it has not written yet; it runs early in
-// every window on its own. Nothing when shares do not move.
-func (b *Backend) FlushUsage(ctx context.Context) error {
-	if b.moving == nil {
-		return nil
-	}
-	return b.moving.Flush(ctx, b.writeUsage)
-}
-
-// Moving is what the replica keeps for global shares that move; nil when
-// they do not.
+// Moving is what the replica keeps for global shares that move (its
+// copies of the share records, its usage; Flush writes the usage of the
+// windows that are over), nil when they do not.
 func (b *Backend) Moving() *backend.Moving { return b.moving }

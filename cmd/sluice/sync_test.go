@@ -67,10 +67,11 @@ func TestSyncMovesSharesOnRedis(t *testing.T) {
 	var wg sync.WaitGroup
 	logs := map[string]*syncBuffer{}
 	for me, other := range map[string]string{"us": "eu", "eu": "us"} {
-		logs[me] = &syncBuffer{}
+		log := &syncBuffer{}
+		logs[me] = log
 		wg.Go(func() {
-			if code := run(ctx, append(syncArgs(me, other), "--http-addr", "127.0.0.1:0", "--log-level", "debug"), logs[me], logs[me]); code != 0 {
-				t.Errorf("%s's sync: exit %d\n%s", me, code, logs[me])
+			if code := run(ctx, append(syncArgs(me, other), "--http-addr", "127.0.0.1:0", "--log-level", "debug"), log, log); code != 0 {
+				t.Errorf("%s's sync: exit %d\n%s", me, code, log)
 			}
 		})
 	}

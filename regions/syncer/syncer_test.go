@@ -109,7 +109,7 @@ func TestSyncMovesSharesBetweenTables(t *testing.T) {
 		rounds := map[regions.Region]syncer.Round{}
 		now.Store(clock.Start(clock.At(now.Load())+1) + 500)
 		for _, r := range names {
-			if err := replicas[r].FlushUsage(context.Background()); err != nil {
+			if err := replicas[r].Moving().Flush(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 		}

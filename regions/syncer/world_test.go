@@ -111,9 +111,9 @@ type worldConfig struct {
 	// minUse is the least part of the rate a window outside the warm-up,
 	// shift and faults must admit, and settle how many windows after them
 	// are left out: the targets, 0.9 and 3, at full size; 0.85 and 4 in
-	// make test, whose 4 s windows leave a machine busy with other tests
-	// too little time to plan a window's loans before its deadline, now
-	// and then (they then start a window later).
+	// make test, whose shorter windows leave a machine busy with the race
+	// detector and other tests too little time to plan a window's loans
+	// before its deadline, now and then (they then start a window later).
 	minUse float64
 	settle int
 	// deadline is each call's: Envoy's 50 ms (the example envoy.yaml's)
@@ -352,7 +352,7 @@ func asked(r *region) []atomic.Int64    { return r.asked }
 // with a second sync started in one region. It holds the issue's
 // targets at full size with -regions.long (make soak: 10 s windows,
 // 1,000/s, a 60 s partition of one region and a 60 s outage of another's
-// syncs), and a smaller form in make test (4 s windows, 100/s, no
+// syncs), and a smaller form in make test (8 s windows, 50/s, no
 // partition nor outage, a window more to settle; see worldConfig):
 //   - the bound: in any span of a window, the regions together admit no
 //     more than the burst and the rate over the span allow, plus what
@@ -369,8 +369,8 @@ func asked(r *region) []atomic.Int64    { return r.asked }
 //     at full size); the p50 and p99 of the decisions are logged, and
 //     fewer than a thousandth may fail.
 func TestRegionsKeepTheBoundAndFollowDemand(t *testing.T) {
-	c := worldConfig{clock: regions.Clock{Window: 4_000, Skew: 200, Hold: 300}, rate: "100/s", near: 5 * time.Millisecond, far: 70 * time.Millisecond,
-		shift: 7, end: 15, minUse: 0.85, settle: 4, deadline: time.Second}
+	c := worldConfig{clock: regions.Clock{Window: 8_000, Skew: 200, Hold: 300}, rate: "50/s", near: 5 * time.Millisecond, far: 70 * time.Millisecond,
+		shift: 6, end: 12, minUse: 0.85, settle: 4, deadline: time.Second}
 	if *long {
 		c = worldConfig{clock: regions.Clock{Window: 10_000, Skew: 1_000, Hold: 1_000}, rate: "1000/s", near: 5 * time.Millisecond, far: 70 * time.Millisecond,
 			shift: 12, partition: 18, kill: 30, end: 48, minUse: 0.9, settle: 3, deadline: 50 * time.Millisecond}
