@@ -16,7 +16,7 @@ func (t *Telemetry) ObserveMoving(stats func() backend.MovingStats) error {
 	reports, err1 := t.meter.Int64ObservableCounter("sluice.global.usage_reports", metric.WithUnit("{window}"),
 		metric.WithDescription("Windows whose usage of global keys this replica wrote to its region's store (result=written), or lost to a failed write (failed)."))
 	dropped, err2 := t.meter.Int64ObservableCounter("sluice.global.usage_dropped", metric.WithUnit("{request}"),
-		metric.WithDescription("Requests of global keys left out of this replica's usage: their window already held as many keys as it keeps (--config-cache-size)."))
+		metric.WithDescription("Requests of global keys left out of this replica's usage: their window already held as many keys as its config cache (100,000)."))
 	for _, err := range []error{err1, err2} {
 		if err != nil {
 			return err
