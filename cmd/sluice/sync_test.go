@@ -23,7 +23,7 @@ import (
 // TestSyncMovesSharesOnRedis: two regions, each on a Redis database of
 // its own, with a replica (serve) and a sync each, 2 s windows. Traffic
 // for a global rule in us only: within a few windows `sluice shares`
-// shows us holding the whole limit and eu none, the replica in us
+// shows us holding (nearly) the whole limit, the replica in us
 // admits more than its base, the syncs' /metrics count their rounds and
 // writes and show the key's shares, and every metric they serve is in
 // docs/metrics.md's table of them. A sync's bad flags are usage errors.
@@ -111,16 +111,25 @@ func TestSyncMovesSharesOnRedis(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &rows) != nil || len(rows) != 2 {
 		t.Fatalf("shares: exit %d\n%s", code, out)
 	}
+	// eu lends us what it does not use: all of its base, or within the
+	// tenth a loan may drift from its right amount before it is changed.
 	var entity, resource string
+	var sum float64
 	for _, r := range rows {
 		entity, resource = r.Entity, r.Resource
-		want := map[string]float64{"us": 100, "eu": 0}[r.Region]
-		if r.Base != 50 || r.Share == nil || *r.Share != want || r.Demand == nil {
-			t.Errorf("shares: %s\nwant base 50%% and share %v%% in %s", out, want, r.Region)
+		if r.Share != nil {
+			sum += *r.Share
+		}
+		if low := r.Region == "eu"; r.Base != 50 || r.Share == nil || r.Demand == nil ||
+			(low && *r.Share > 10) || (!low && *r.Share < 90) {
+			t.Errorf("shares: %s\nwant base 50%% and most of the limit in us", out)
 		}
 	}
+	if sum > 100 {
+		t.Errorf("the shares sum to %v%%, over the limit", sum)
+	}
 	if out, code := sluice(t, append(sharesArgs[:len(sharesArgs)-len(clock)-2], append([]string{"--entity", entity, "--resource", resource}, clock...)...)...); code != 0 ||
-		!regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(entity)+`\s+`+regexp.QuoteMeta(resource)+`\s+us\s+50\.0%\s+100\.0%`).MatchString(out) {
+		!regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(entity)+`\s+`+regexp.QuoteMeta(resource)+`\s+us\s+50\.0%\s+(9\d|100)\.\d%`).MatchString(out) {
 		t.Errorf("shares as a table: exit %d\n%s", code, out)
 	}
 	// The replicas report their usage; the syncs' metrics.
@@ -134,7 +143,7 @@ func TestSyncMovesSharesOnRedis(t *testing.T) {
 	got, raw := scrapeAddr(t, addr[1])
 	for k, min := range map[string]float64{
 		`sluice_sync_rounds_total{}`: 8, `sluice_sync_writes_total{}`: 1, `sluice_sync_keys{}`: 1,
-		`sluice_global_share{entity=` + entity + `,region=us,resource=` + resource + `}`:  1,
+		`sluice_global_share{entity=` + entity + `,region=us,resource=` + resource + `}`:  0.9,
 		`sluice_global_demand{entity=` + entity + `,region=us,resource=` + resource + `}`: 1,
 	} {
 		if got[k] < min {
