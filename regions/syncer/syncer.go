@@ -148,6 +148,7 @@ type Round struct {
 	Wrote int
 	// Took is how long the round ran.
 	Took time.Duration
+	read read
 	// Unread lists what could not be read (a region's usage, a region's
 	// record of a key), Refused the loans Plan would not copy, Failed
 	// the keys whose step stopped: each an error to log and count.
@@ -171,18 +172,27 @@ const Parallel = 32
 // slot before now's, and steps every key any region was asked for then.
 // A key nobody asked for is left alone: its loans run out by their
 // ends, and every region falls back to its base.
-func (s *Sync) Round(ctx context.Context) Round { return s.round(ctx, false) }
+func (s *Sync) Round(ctx context.Context) Round { return s.round(ctx, false, nil) }
 
 // SecondRound is a window's second round (Starts): it reads what Round
 // reads, and copies in the loans the other regions' first rounds made
 // and takes back what was given back, for the keys that may have any.
-func (s *Sync) SecondRound(ctx context.Context) Round { return s.round(ctx, true) }
+func (s *Sync) SecondRound(ctx context.Context) Round { return s.round(ctx, true, nil) }
 
-func (s *Sync) round(ctx context.Context, second bool) Round {
+// read is what a round read of the regions' usage of a slot: a second
+// round of the same window reuses it, reading again only the regions the
+// first could not (a finished slot's usage does not change).
+type read struct {
+	slot regions.Slot
+	used map[regions.Region]map[regions.Key]int64
+}
+
+func (s *Sync) round(ctx context.Context, second bool, prior *read) Round {
 	started := time.Now()
 	r := Round{Slot: s.Clock.At(s.Now()) - 1}
-	used, unread := s.usage(ctx, r.Slot)
+	used, unread := s.usage(ctx, r.Slot, prior)
 	r.Unread = unread
+	r.read = read{slot: r.Slot, used: used}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, Parallel)
@@ -236,11 +246,15 @@ func (s *Sync) idle(own regions.Record, demand map[regions.Region]int64, m regio
 
 // usage reads every region's usage of slot at once; a region whose usage
 // could not be read is missing from used, and its error in unread.
-func (s *Sync) usage(ctx context.Context, slot regions.Slot) (used map[regions.Region]map[regions.Key]int64, unread []error) {
+func (s *Sync) usage(ctx context.Context, slot regions.Slot, prior *read) (used map[regions.Region]map[regions.Key]int64, unread []error) {
 	used = make(map[regions.Region]map[regions.Key]int64, len(s.Stores))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, region := range s.Split.Regions() {
+		if u, ok := prior.get(slot, region); ok {
+			used[region] = u
+			continue
+		}
 		wg.Go(func() {
 			var u map[regions.Key]int64
 			var err error
@@ -260,6 +274,15 @@ func (s *Sync) usage(ctx context.Context, slot regions.Slot) (used map[regions.R
 	}
 	wg.Wait()
 	return used, unread
+}
+
+// get is region's usage of slot as p read it, if it did.
+func (p *read) get(slot regions.Slot, region regions.Region) (map[regions.Key]int64, bool) {
+	if p == nil || p.slot != slot {
+		return nil, false
+	}
+	u, ok := p.used[region]
+	return u, ok
 }
 
 // usedKeys lists the keys any region used, in order.
@@ -329,9 +352,11 @@ func DefaultBudget(c regions.Clock) time.Duration {
 }
 
 // Run runs its rounds in every window (Starts) until ctx ends, and
-// hands each to done. A round is given until the next starts, at most
+// hands each to done. A window's second round reuses the usage its first
+// read. A round is given until the next starts, at most
 // half a window.
 func (s *Sync) Run(ctx context.Context, done func(Round)) {
+	var last Round
 	for {
 		next := s.next(s.Now())
 		t := time.NewTimer(time.Duration(next-s.Now()) * time.Millisecond)
@@ -342,8 +367,14 @@ func (s *Sync) Run(ctx context.Context, done func(Round)) {
 		case <-t.C:
 		}
 		rctx, cancel := context.WithTimeout(ctx, time.Duration(min(s.next(next+1)-next, s.Clock.Window/2))*time.Millisecond)
-		r := s.round(rctx, next-s.Clock.Start(s.Clock.At(next)) >= s.Starts()[1])
+		second := next-s.Clock.Start(s.Clock.At(next)) >= s.Starts()[1]
+		var prior *read
+		if second {
+			prior = &last.read
+		}
+		r := s.round(rctx, second, prior)
 		cancel()
+		last = r
 		if done != nil {
 			done(r)
 		}
@@ -357,7 +388,7 @@ func (s *Sync) Run(ctx context.Context, done func(Round)) {
 // (`sluice shares`); unread lists what could not be read.
 func (s *Sync) Survey(ctx context.Context, keys []regions.Key) (rows []KeyRound, unread []error) {
 	m := s.Clock.At(s.Now())
-	used, unread := s.usage(ctx, m-1)
+	used, unread := s.usage(ctx, m-1, nil)
 	if len(keys) == 0 {
 		keys = usedKeys(used)
 	}
