@@ -489,6 +489,50 @@ func (ls *Leases[K]) Outrun(bs []LeaseBucket[K], now int64) bool {
 	return false
 }
 
+// drainedRTTs is for how many round trips the bucket as this replica's
+// last write left it tells whether the bucket is at its limit. At the
+// limit a replica writes about once a round trip (each renewal follows
+// the last), and each write renews what it saw; a bucket no longer
+// written to is soon not known to be drained, so that a call is not
+// denied on a bucket that has since refilled.
+const drainedRTTs = 4
+
+// Drained reports whether, for some bucket of bs under the limits bs
+// resolved to, this replica's last write, less than a few round trips
+// of rtt ms ago (drainedRTTs), left it holding less than one hit: the
+// bucket is at its limit, and lives off its refill. (A write that claims
+// refill, as the DynamoDB backend's does, leaves what it did not claim
+// pending, outside the tokens it holds.)
+func (ls *Leases[K]) Drained(bs []LeaseBucket[K], now, rtt int64) bool {
+	for i := range bs {
+		h := ls.get(bs[i].Key)
+		if h == nil {
+			continue
+		}
+		h.mu.Lock()
+		d := h.drained(bs[i].Res, bs[i].FP, now, rtt)
+		h.mu.Unlock()
+		if d {
+			return true
+		}
+	}
+	return false
+}
+
+// drained is Drained for one lease, h locked.
+func (h *holding) drained(res Resolved, fp string, now, rtt int64) bool {
+	v := h.view
+	if rtt <= 0 || v == nil || v.Config() != fp || now-h.viewAt > drainedRTTs*rtt || !h.matches(res, fp) {
+		return false
+	}
+	for _, l := range res.Limits {
+		if s, ok := v.StateOf(l.Name); ok && s.Tokens < bucket.Cost(l, 1) {
+			return true
+		}
+	}
+	return false
+}
+
 // outrun is Outrun for one lease, h locked.
 func (h *holding) outrun(res Resolved, fp string, now int64) bool {
 	return h.renewing && h.dryAt > 0 && now < h.expires && h.matches(res, fp) &&

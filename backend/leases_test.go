@@ -730,6 +730,70 @@ func TestLeasesBeyond(t *testing.T) {
 	}
 }
 
+// AtLimit denies from memory a call its lease cannot pay only while this
+// replica's last write, a few round trips ago at most, left the bucket
+// unable to pay one hit, and a renewal is on its way; a bucket that held
+// tokens, a write long past, no renewal under way or other limits send
+// the call to the store.
+func TestLeasesAtLimit(t *testing.T) {
+	l := testLimit("rpm", 100, 100)
+	b := leaseOn("k", l)
+	bs := []LeaseBucket[string]{b}
+	const rtt = 10
+	left := func(tokens int64) *testView {
+		return &testView{states: map[string]bucket.State{"rpm": {Tokens: tokens, Clock: leaseT0}}, config: b.FP}
+	}
+	wrote := func(grant, tokens int64) func(*Leases[string]) {
+		return func(ls *Leases[string]) { ls.Credit(&b, []int64{grant}, left(tokens), nil, leaseT0) }
+	}
+	spent := func(ls *Leases[string]) { ls.Spend(bs, 2, leaseT0+1, rtt, true) }
+	renewing := func(ls *Leases[string]) { ls.StartRenewal(&b) }
+	cases := []struct {
+		name         string
+		setup        []func(ls *Leases[string])
+		ask          []LeaseBucket[string]
+		at           int64
+		paid, denied bool
+	}{
+		{"drained, the lease spent, a grant on its way: denied", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing}, bs, leaseT0 + 2, false, true},
+		{"drained, nothing on its way: the store", []func(*Leases[string]){wrote(whole(2), 0), spent, func(ls *Leases[string]) { ls.Idle(b.Key) }}, bs, leaseT0 + 2, false, false},
+		{"drained, the lease pays: paid", []func(*Leases[string]){wrote(whole(2), 0), renewing}, bs, leaseT0 + 2, true, false},
+		{"less than a hit left is drained", []func(*Leases[string]){wrote(whole(2), bucket.Milli-1), spent, renewing}, bs, leaseT0 + 2, false, true},
+		{"a hit left: the store", []func(*Leases[string]){wrote(whole(2), whole(1)), spent, renewing}, bs, leaseT0 + 2, false, false},
+		{"no grant, drained: denied", []func(*Leases[string]){wrote(0, 0), renewing}, bs, leaseT0 + 2, false, true},
+		{"drained within a few round trips", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing}, bs, leaseT0 + drainedRTTs*rtt, false, true},
+		{"drained longer ago: the store", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing}, bs, leaseT0 + drainedRTTs*rtt + 1, false, false},
+		{"a key never written: the store", nil, bs, leaseT0 + 2, false, false},
+		{"one bucket of a cascade drained", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing, func(ls *Leases[string]) {
+			j := leaseOn("j", l)
+			ls.Credit(&j, nil, &testView{states: map[string]bucket.State{"rpm": {Tokens: whole(50), Clock: leaseT0}}, config: j.FP}, nil, leaseT0)
+		}}, []LeaseBucket[string]{leaseOn("j", l), b}, leaseT0 + 2, false, true},
+		{"a cascade over a bucket this replica never wrote: the store", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing},
+			[]LeaseBucket[string]{leaseOn("j", l), b}, leaseT0 + 2, false, false},
+		{"asked under other limits: the store", []func(*Leases[string]){wrote(0, 0), renewing},
+			[]LeaseBucket[string]{leaseOn("k", testLimit("rpm", 100, 200))}, leaseT0 + 2, false, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ls, _ := newTestLeases()
+			for _, f := range c.setup {
+				f(ls)
+			}
+			if _, _, paid, denied := ls.AtLimit(c.ask, 1, c.at, rtt); paid != c.paid || denied != c.denied {
+				t.Fatalf("AtLimit: paid %v, denied %v; want %v, %v", paid, denied, c.paid, c.denied)
+			}
+		})
+	}
+	t.Run("no round trip known: the store", func(t *testing.T) {
+		ls, _ := newTestLeases()
+		wrote(0, 0)(ls)
+		renewing(ls)
+		if _, _, paid, denied := ls.AtLimit(bs, 1, leaseT0+1, 0); paid || denied {
+			t.Fatalf("AtLimit with no round trip: paid %v, denied %v", paid, denied)
+		}
+	})
+}
+
 func TestLeasesAsks(t *testing.T) {
 	l := testLimit("rpm", 1000, 1000)
 	b := leaseOn("k", l)
@@ -879,13 +943,13 @@ func TestLeasesWants(t *testing.T) {
 		}
 	}
 	// Two tokens, one of them paying the call: half of the other is
-	// less than a token; with a round trip known, the replica still
-	// takes what the call leaves, as its part of the refill meanwhile.
+	// less than a token, with a round trip known or not (the other half
+	// is for the other replicas' writes).
 	if got := wantsRTT(nearlyEmpty, 0); !slices.Equal(got, []int64{0}) {
 		t.Errorf("Wants near the limit = %v, want [0]", got)
 	}
-	if got := wants(nearlyEmpty); !slices.Equal(got, []int64{whole(1)}) {
-		t.Errorf("Wants near the limit, 20 ms away = %v, want [%d]", got, whole(1))
+	if got := wants(nearlyEmpty); !slices.Equal(got, []int64{0}) {
+		t.Errorf("Wants near the limit, 20 ms away = %v, want [0]", got)
 	}
 	ls, _ := newTestLeases()
 	ls.Credit(&b, []int64{whole(5)}, nil, nil, leaseT0)

@@ -43,7 +43,7 @@ func (ls *Leases[K]) Asks(b *LeaseBucket[K], view BucketView, now, rtt int64) []
 				h.fleet[i].Observe(s.Consumed, now, tau)
 			}
 		}
-		own := max(h.own[i].Arriving(now, tau, window), h.quick[i].Arriving(now, quickTau, max(rtt, 10)))
+		own := ls.ownRate(h, i, now, rtt)
 		if h.dryAt > 0 {
 			own = max(own, float64(h.unmet[i])/float64(max(now-h.dryAt, unmetWindow)))
 		}
@@ -53,6 +53,14 @@ func (ls *Leases[K]) Asks(b *LeaseBucket[K], view BucketView, now, rtt int64) []
 		}
 	}
 	return asks
+}
+
+// ownRate is what h's replica is asked of limit j at now (millitokens
+// per ms): the greater of the horizon's demand and what it was asked
+// over the last second (quick, read over at least a round trip of rtt
+// ms), so that a spike is met at its pace. h locked.
+func (ls *Leases[K]) ownRate(h *holding, j int, now, rtt int64) float64 {
+	return max(h.own[j].Arriving(now, ls.Horizon(), ls.policy.WindowMs()), h.quick[j].Arriving(now, quickTau, max(rtt, 10)))
 }
 
 // Spend pays a call of hits from this replica's leases on every bucket of
@@ -104,6 +112,24 @@ func (ls *Leases[K]) Beyond(bs []LeaseBucket[K], hits uint64, now, rtt int64, re
 	return nil, nil, false, false
 }
 
+// AtLimit answers from the leases of bs a call of hits their leases
+// could not pay (its demand was counted on arrival), when this replica's
+// last write left some bucket of bs drained (Drained) and a renewal of
+// its lease, started before this call, is on its way: near the limit the
+// lease is all this replica may admit until that grant lands, as a quota
+// client's assignment is, and a call that waited for the store instead
+// would queue behind the write in flight and the one after it, for
+// tokens those writes take anyway. Under the leases' locks it either
+// pays the call (a grant landed meanwhile) or reports denied. Neither
+// (not drained, or no renewal under way): the call is for the store, so
+// that a replica's lone calls are decided as one bucket would.
+func (ls *Leases[K]) AtLimit(bs []LeaseBucket[K], hits uint64, now, rtt int64) (results []bucket.Result, low []LeaseBucket[K], paid, denied bool) {
+	if !ls.Drained(bs, now, rtt) {
+		return nil, nil, false, false
+	}
+	return ls.spend(bs, hits, now, rtt, atLimit)
+}
+
 // spendMode says who asks the leases to pay.
 type spendMode int
 
@@ -115,6 +141,8 @@ const (
 	handedBack
 	// beyondReach: a call that cannot wait for the store (Beyond).
 	beyondReach
+	// atLimit: a call on a drained bucket (AtLimit).
+	atLimit
 )
 
 func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mode spendMode) (results []bucket.Result, renew []LeaseBucket[K], paid, outrun bool) {
@@ -184,6 +212,12 @@ func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mod
 				unmet(hs[:len(bs)], bs, 0, now)
 				for k := range bs {
 					outrun = outrun || hs[k].outrun(bs[k].Res, bs[k].FP, now)
+				}
+			case atLimit:
+				unmet(hs[:len(bs)], bs, 0, now)
+				for k := range bs {
+					h := hs[k]
+					outrun = outrun || (h.renewing && h.drained(bs[k].Res, bs[k].FP, now, rtt))
 				}
 			}
 			return nil, nil, false, outrun

@@ -19,18 +19,19 @@ type Decider interface {
 }
 
 // StormResult counts a storm's calls by answer. Late counts the calls
-// answered more than the storm's late margin after their deadline,
-// whatever the answer; FirstErr is the first error, "" for none.
+// answered more than the storm's late margin after their deadline, and
+// Waited those that took more than half their budget, whatever the
+// answer; FirstErr is the first error, "" for none.
 type StormResult struct {
-	Admitted, Denied, Failed, Late int64
-	FirstErr                       string
+	Admitted, Denied, Failed, Late, Waited int64
+	FirstErr                               string
 }
 
 // Total is the number of calls answered.
 func (r StormResult) Total() int64 { return r.Admitted + r.Denied + r.Failed }
 
 func (r StormResult) String() string {
-	return fmt.Sprintf("admitted %d, denied %d, failed %d (first: %q), late %d", r.Admitted, r.Denied, r.Failed, r.FirstErr, r.Late)
+	return fmt.Sprintf("admitted %d, denied %d, failed %d (first: %q), late %d, over half their budget %d", r.Admitted, r.Denied, r.Failed, r.FirstErr, r.Late, r.Waited)
 }
 
 // Storm runs callers goroutines on each of ds, each deciding req again and
@@ -38,7 +39,7 @@ func (r StormResult) String() string {
 // millisecond's pause after it (Envoys, not a spin: the machine keeps
 // some room). A call answered more than late past its budget counts late.
 func Storm(ds []Decider, req backend.Request, callers int, run, budget, late time.Duration) StormResult {
-	var admitted, denied, failed, lateCalls atomic.Int64
+	var admitted, denied, failed, lateCalls, waited atomic.Int64
 	var firstErr atomic.Value
 	var wg sync.WaitGroup
 	end := time.Now().Add(run)
@@ -51,8 +52,12 @@ func Storm(ds []Decider, req backend.Request, callers int, run, budget, late tim
 					r := req
 					dec, err := d.Decide(ctx, &r)
 					cancel()
-					if time.Since(began) > budget+late {
+					took := time.Since(began)
+					if took > budget+late {
 						lateCalls.Add(1)
+					}
+					if took > budget/2 {
+						waited.Add(1)
 					}
 					switch {
 					case err != nil:
@@ -69,7 +74,7 @@ func Storm(ds []Decider, req backend.Request, callers int, run, budget, late tim
 		}
 	}
 	wg.Wait()
-	out := StormResult{Admitted: admitted.Load(), Denied: denied.Load(), Failed: failed.Load(), Late: lateCalls.Load()}
+	out := StormResult{Admitted: admitted.Load(), Denied: denied.Load(), Failed: failed.Load(), Late: lateCalls.Load(), Waited: waited.Load()}
 	if e, ok := firstErr.Load().(string); ok {
 		out.FirstErr = e
 	}

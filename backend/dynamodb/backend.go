@@ -432,6 +432,19 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 		}
 		return b.gaveUp(ts, req, level, fmt.Errorf("bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach))
 	}
+	if b.leases != nil && !req.Refund && req.Hits > 0 && b.opts.MaxDenyStaleness >= 0 {
+		// This replica's last write left the bucket drained: the calls
+		// its lease cannot pay are denied here while the next grant is
+		// on its way (AtLimit), instead of queueing for the table.
+		results, low, paid, denied := b.leases.AtLimit(leasedAll(ts), req.Hits, b.now(), b.rtt.Ms())
+		if paid {
+			return b.paid(ts, results, low, level), nil
+		}
+		if denied {
+			b.stats.LocalAnswers.Add(1)
+			return b.denial(ts, req, level), nil
+		}
+	}
 	keys := make([]bucketKey, len(ts))
 	for i := range ts {
 		keys[i] = ts[i].key
@@ -536,7 +549,7 @@ func (b *Backend) gaveUp(ts []target, req *backend.Request, level backend.Level,
 	}
 	b.loadSeen(ts)
 	now := b.now()
-	if !b.recentEnough(ts, now) || !b.leases.Short(leasedAll(ts), now, b.rtt.Ms()) {
+	if lbs, rtt := leasedAll(ts), b.rtt.Ms(); !b.recentEnough(ts, now) || !(b.leases.Short(lbs, now, rtt) || b.leases.Drained(lbs, now, rtt)) {
 		return backend.Decision{}, err
 	}
 	return b.deadlineDenial(ts, req, level), nil
@@ -545,6 +558,12 @@ func (b *Backend) gaveUp(ts []target, req *backend.Request, level backend.Level,
 // deadlineDenial denies req, not yet decided by the table, at its
 // deadline, and counts it (Stats.DeadlineDenials).
 func (b *Backend) deadlineDenial(ts []target, req *backend.Request, level backend.Level) backend.Decision {
+	b.stats.DeadlineDenials.Add(1)
+	return b.denial(ts, req, level)
+}
+
+// denial denies req without the table's answer.
+func (b *Backend) denial(ts []target, req *backend.Request, level backend.Level) backend.Decision {
 	var limits []bucket.Limit
 	for i := range ts {
 		limits = append(limits, ts[i].res.Limits...)
@@ -554,7 +573,6 @@ func (b *Backend) deadlineDenial(ts []target, req *backend.Request, level backen
 		c.results[j] = bucket.Result{Cost: bucket.Cost(l, req.Hits)}
 	}
 	c.deny()
-	b.stats.DeadlineDenials.Add(1)
 	return decision(&c, level)
 }
 

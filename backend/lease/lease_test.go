@@ -52,7 +52,8 @@ func TestSize(t *testing.T) {
 // A lease spent faster than planned at least doubles at its next grant,
 // within the same caps; near the limit, where those caps leave nothing,
 // a replica still takes its part of the refill over two round trips, up
-// to its own demand over them and never more than the bucket holds.
+// to its own demand over them and never more than half the bucket holds:
+// the other half is for the writes of the other replicas on their way.
 func TestSizeGrowsAndKeepsTheRefillNearTheLimit(t *testing.T) {
 	p := Policy{Horizon: 30_000}
 	perMs := func(tokensPerSecond float64) float64 { return tokensPerSecond * bucket.Milli / 1000 }
@@ -70,17 +71,17 @@ func TestSizeGrowsAndKeepsTheRefillNearTheLimit(t *testing.T) {
 		{"growth stays within half of what is left", big, Ask{Own: perMs(1), Avail: 100 * bucket.Milli, Grow: 40 * bucket.Milli}, 50 * bucket.Milli},
 		{"growth needs demand", big, Ask{Own: 0, Avail: big.Burst, Grow: 40 * bucket.Milli}, 0},
 		{"an empty bucket near the limit: nothing", far, Ask{Own: perMs(5000), Avail: 0, RTT: 70}, 0},
-		{"near the limit, alone: the refill over two round trips", far, Ask{Own: perMs(5000), Avail: 120 * bucket.Milli, RTT: 70}, 70 * bucket.Milli},
+		{"near the limit, alone: half the bucket, the rest for the next round trip", far, Ask{Own: perMs(5000), Avail: 120 * bucket.Milli, RTT: 70}, 60 * bucket.Milli},
 		{"near the limit, a third of the fleet: a third of it", far, Ask{Own: perMs(5000), Fleet: perMs(15000), Avail: 120 * bucket.Milli, RTT: 70}, 23 * bucket.Milli},
-		{"the refill's part is capped at what is there", far, Ask{Own: perMs(5000), Avail: 30 * bucket.Milli, RTT: 70}, 30 * bucket.Milli},
-		{"and at own demand over two round trips", far, Ask{Own: perMs(100), Avail: 20 * bucket.Milli, RTT: 70}, 14 * bucket.Milli},
+		{"the refill's part is capped at half of what is there", far, Ask{Own: perMs(5000), Avail: 30 * bucket.Milli, RTT: 70}, 15 * bucket.Milli},
 		{"two round trips of demand past the share, from half the bucket", far, Ask{Own: perMs(400), Avail: 500 * bucket.Milli, RTT: 100}, 80 * bucket.Milli},
 		{"no more than half the bucket", far, Ask{Own: perMs(4000), Avail: 500 * bucket.Milli, RTT: 100}, 250 * bucket.Milli},
 		{"no round trip measured: no refill lease", far, Ask{Own: perMs(5000), Avail: 20 * bucket.Milli}, 10 * bucket.Milli},
 		{"topped up to the horizon", big, Ask{Own: perMs(10), Avail: big.Burst, Held: 100 * bucket.Milli}, 200 * bucket.Milli},
 		{"topped up to the share", big, Ask{Own: perMs(10000), Avail: big.Burst, Held: 99_000 * bucket.Milli}, 1000 * bucket.Milli},
 		{"a lease at its share gets nothing", big, Ask{Own: perMs(1000), Avail: big.Burst, Held: 100_000 * bucket.Milli, Grow: 500 * bucket.Milli}, 0},
-		{"topped up to the refill near the limit", far, Ask{Own: perMs(5000), Avail: 120 * bucket.Milli, Held: 50 * bucket.Milli, RTT: 70}, 20 * bucket.Milli},
+		{"topped up near the limit", far, Ask{Own: perMs(5000), Avail: 140 * bucket.Milli, Held: 50 * bucket.Milli, RTT: 70}, 20 * bucket.Milli},
+		{"and to own demand over two round trips", far, Ask{Own: perMs(100), Avail: 140 * bucket.Milli, Held: 50 * bucket.Milli, RTT: 70}, 0},
 	}
 	for _, c := range cases {
 		if got := p.Size(c.l, c.a); got != c.want {

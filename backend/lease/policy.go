@@ -75,9 +75,10 @@ type Ask struct {
 // its part of Avail, so that leases shrink as the bucket nears its limit.
 // Whatever those give, the lease is topped up to two round trips of own
 // demand, out of half its part of Avail or, near the limit, where that is
-// nothing, out of its part of the refill over those round trips: enough
-// to admit from memory until the next grant is back, so that a far store
-// puts no round trip on an admission. It is never negative and never more than Avail: the store's
+// nothing, out of its part of the refill over those round trips, but
+// never more than half of Avail: enough to admit from memory until the
+// next grant is back, so that a far store puts no round trip on an
+// admission. It is never negative and never more than Avail: the store's
 // conditional write, not this function, keeps the bound.
 func (p Policy) Size(l bucket.Limit, a Ask) int64 {
 	own := a.Own
@@ -94,10 +95,18 @@ func (p Policy) Size(l bucket.Limit, a Ask) int64 {
 	want = math.Min(want, avail*part/2)
 	if a.RTT > 0 && l.Period > 0 {
 		// Two round trips of demand, from half its part of the bucket,
-		// or near the limit from its part of the refill meanwhile.
+		// or near the limit from its part of the refill meanwhile, but
+		// never more than half of what the bucket holds: the rest is for
+		// the other replicas whose writes are on their way. Claims that
+		// leave room for each other commute in the store (the DynamoDB
+		// backend's incremental write); a replica that took all there is,
+		// each round trip, would make every other replica's write at the
+		// limit lose its race, round trip after round trip. Alone, it
+		// still takes the whole refill: half of what builds up in a round
+		// trip, and the other half the next.
 		rtt2 := 2 * float64(a.RTT)
 		refill := float64(l.Amount) / float64(l.Period) * part
-		want = math.Max(want, math.Min(own*rtt2, math.Max(avail*part/2, refill*rtt2))-held)
+		want = math.Max(want, math.Min(own*rtt2, math.Min(math.Max(avail*part/2, refill*rtt2), avail/2))-held)
 	}
 	if !(want >= bucket.Milli) { // NaN-proof: less than a token, or nothing
 		return 0
