@@ -141,3 +141,13 @@ func unpackAll(m map[Region][][]int64) (map[Region]Loans, error) {
 	}
 	return out, nil
 }
+
+// Stored is one share record as a store read it in a batch: the record
+// and the version it is at (0, with the zero Record, when none is
+// stored), or the error that kept it from being read, such as a record
+// that does not decode: that key's alone, never "none".
+type Stored struct {
+	Record  Record
+	Version int64
+	Err     error
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/backendtest"
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/regions"
 )
@@ -87,4 +88,21 @@ func TestShareRecords(t *testing.T) {
 	if s, v, err := a.GetShare(ctx, "tenant-1", "api"); err != nil || v != 2 {
 		t.Errorf("DeleteEntity took the share record: %+v at version %d, %v", s, v, err)
 	}
+}
+
+// TestSharesInBatches: a sync's batch reads of share records read what
+// one read per key would, past BatchGetItem's hundred keys a call
+// (backendtest.SharesInBatches).
+func TestSharesInBatches(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a := e.admin(t, "")
+	backendtest.SharesInBatches(t, a, func(entity, resource string) {
+		if _, err := e.client.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: aws.String(e.table), Item: map[string]types.AttributeValue{
+			attrPK: str(a.keys.EntityPK(entity)), attrSK: str(a.keys.ShareSK(resource)),
+			attrShare: str(`{"v":1,"o":{"us":[[1,2,3,-4,0]]}}`), attrShareVer: num(3),
+		}}); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

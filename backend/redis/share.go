@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/redis/rueidis"
+
 	"github.com/sluice-rl/sluice/regions"
 )
 
@@ -50,6 +52,34 @@ func (a *Admin) GetShare(ctx context.Context, entity, resource string) (regions.
 		return regions.Record{}, 0, fmt.Errorf("reading the share of %q/%q: %w", entity, resource, err)
 	}
 	return decodeShare(h, entity, resource)
+}
+
+// GetShares reads the share records of keys, lined up with keys, in one
+// pipeline: a sync reads every key a window's round plans at once, not
+// one round trip per key. Redis answers from its primary, so consistent
+// changes nothing. An error is for the whole call, a record that does
+// not decode for its key alone.
+func (a *Admin) GetShares(ctx context.Context, keys []regions.Key, consistent bool) ([]regions.Stored, error) {
+	out := make([]regions.Stored, len(keys))
+	cmds := make(rueidis.Commands, 0, len(keys))
+	at := make([]int, 0, len(keys))
+	for i, k := range keys {
+		if k.Entity == "" || k.Resource == "" {
+			out[i].Err = fmt.Errorf("a share record needs an entity and a resource, got %q and %q", k.Entity, k.Resource)
+			continue
+		}
+		cmds = append(cmds, a.client.B().Hgetall().Key(a.keys.Share(k.Entity, k.Resource)).Build())
+		at = append(at, i)
+	}
+	for j, res := range a.client.DoMulti(ctx, cmds...) {
+		i := at[j]
+		h, err := res.AsStrMap()
+		if err != nil {
+			return nil, fmt.Errorf("reading the share of %q/%q: %w", keys[i].Entity, keys[i].Resource, err)
+		}
+		out[i].Record, out[i].Version, out[i].Err = decodeShare(h, keys[i].Entity, keys[i].Resource)
+	}
+	return out, nil
 }
 
 // decodeShare reads a share hash (none: the zero Record at version 0).

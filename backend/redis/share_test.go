@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/sluice-rl/sluice/backend/backendtest"
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
 	"github.com/sluice-rl/sluice/regions"
 )
@@ -42,4 +43,16 @@ func TestShareRecords(t *testing.T) {
 	if _, v, err := a.GetShare(ctx, "tenant-2", "api"); err == nil || v != 0 {
 		t.Errorf("a damaged record read at version %d, %v; want an error", v, err)
 	}
+}
+
+// TestSharesInBatches: a sync's pipelined reads of share records read
+// what one read per key would (backendtest.SharesInBatches).
+func TestSharesInBatches(t *testing.T) {
+	srv := redistest.Require(t)
+	a := newAdmin(t, newClient(t, srv), "batches", nil)
+	backendtest.SharesInBatches(t, a, func(entity, resource string) {
+		if _, err := srv.Do(context.Background(), "HSET", a.keys.Share(entity, resource), "ver", "1", "sh", `{"v":1,"i":{"us":[[1,2,3,4]]}}`); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

@@ -23,14 +23,18 @@ import (
 // Store is one region's share records as a sync reads and writes them;
 // the DynamoDB and Redis backends' Admins are Stores.
 type Store interface {
-	// GetShare reads the share record of entity's bucket for resource:
-	// its version is 0 when none is stored.
-	GetShare(ctx context.Context, entity, resource string) (rec regions.Record, version int64, err error)
 	// PutShare writes rec on the condition that the stored record is
 	// still at version, and returns the new version; a lost condition is
 	// an error that wraps regions.ErrShareChanged. expireAt (epoch ms) is
 	// when the store may drop the record.
 	PutShare(ctx context.Context, entity, resource string, rec regions.Record, version, expireAt int64) (int64, error)
+	// GetShares reads the share records of keys, lined up with keys, in
+	// as few calls as the store allows (a record's version is 0 when none
+	// is stored); consistent asks for reads that see every write before
+	// them (a region's own records, which the sync writes on their
+	// version). Its error is for the whole call, a Stored's for its key
+	// alone.
+	GetShares(ctx context.Context, keys []regions.Key, consistent bool) ([]regions.Stored, error)
 	// Usage is what the region's replicas were asked for each global key
 	// in slot, in parts of its limit (regions.Asked); a key nobody asked
 	// for is not in it.
@@ -72,24 +76,53 @@ type Result struct {
 // lost its condition); the next window plans again from what the store
 // holds then.
 func (s *Sync) Step(ctx context.Context, key regions.Key, demand map[regions.Region]int64) (Result, error) {
-	return s.step(ctx, key, demand, false)
+	res, errs := s.steps(ctx, []regions.Key{key}, []map[regions.Region]int64{demand}, false)
+	return res[0], errs[0]
 }
 
-// step is Step; second is for a window's second round (Starts), which
-// only copies in loans and takes back what was given back.
-func (s *Sync) step(ctx context.Context, key regions.Key, demand map[regions.Region]int64, second bool) (Result, error) {
-	var r Result
-	own, version, err := s.Stores[s.Me].GetShare(ctx, key.Entity, key.Resource)
+// steps is Step for many keys, demands lined up with keys, their records
+// read in batches: every key's own record at once (strongly consistent),
+// then, for the keys that are not idle, every other region's records at
+// once, each region's in one batch, all regions side by side (eventually
+// consistent: a stale record holds fewer loans, and only delays). The
+// writes go Parallel at a time. second is for a window's second round
+// (Starts), which only copies in loans and takes back what was given
+// back.
+func (s *Sync) steps(ctx context.Context, keys []regions.Key, demands []map[regions.Region]int64, second bool) ([]Result, []error) {
+	results, errs := make([]Result, len(keys)), make([]error, len(keys))
+	own, err := s.Stores[s.Me].GetShares(ctx, keys, true)
+	if err == nil && len(own) != len(keys) {
+		err = fmt.Errorf("%d records for %d keys", len(own), len(keys))
+	}
 	if err != nil {
-		return r, fmt.Errorf("%s: its own share of %q/%q: %w", s.Me, key.Entity, key.Resource, err)
+		for i, k := range keys {
+			errs[i] = fmt.Errorf("%s: its own share of %q/%q: %w", s.Me, k.Entity, k.Resource, err)
+		}
+		return results, errs
 	}
-	if m := s.Clock.At(s.Now()); s.idle(own, demand, m, second) {
-		r.Shares = map[regions.Region]int64{s.Me: own.Share(s.Split, s.Me, m)}
-		return r, nil
+	m := s.Clock.At(s.Now())
+	var busy []int
+	for i, k := range keys {
+		switch {
+		case own[i].Err != nil:
+			errs[i] = fmt.Errorf("%s: its own share of %q/%q: %w", s.Me, k.Entity, k.Resource, own[i].Err)
+		case s.idle(own[i].Record, demands[i], m, second):
+			results[i].Shares = map[regions.Region]int64{s.Me: own[i].Record.Share(s.Split, s.Me, m)}
+		default:
+			busy = append(busy, i)
+		}
 	}
-	v := regions.View{Demand: demand, Records: map[regions.Region]regions.Record{}}
+	if len(busy) == 0 {
+		return results, errs
+	}
+	busyKeys := make([]regions.Key, len(busy))
+	for j, i := range busy {
+		busyKeys[j] = keys[i]
+	}
 	// The other regions are far (70 ms a call across an ocean): read
 	// them all at once, not one after the other.
+	far := map[regions.Region][]regions.Stored{}
+	farErr := map[regions.Region]error{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, region := range s.Split.Regions() {
@@ -97,24 +130,49 @@ func (s *Sync) step(ctx context.Context, key regions.Key, demand map[regions.Reg
 			continue
 		}
 		wg.Go(func() {
-			var rec regions.Record
-			var err error
-			if store, ok := s.Stores[region]; !ok {
-				err = errors.New("no store")
-			} else {
-				rec, _, err = store.GetShare(ctx, key.Entity, key.Resource)
+			var got []regions.Stored
+			err := errors.New("no store")
+			if store, ok := s.Stores[region]; ok {
+				if got, err = store.GetShares(ctx, busyKeys, false); err == nil && len(got) != len(busyKeys) {
+					err = fmt.Errorf("%d records for %d keys", len(got), len(busyKeys))
+				}
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			if err != nil {
-				r.Unread = append(r.Unread, fmt.Errorf("share of %s: %w", region, err))
-			} else {
-				v.Records[region] = rec
-			}
+			far[region], farErr[region] = got, err
 		})
 	}
 	wg.Wait()
-	next, changed, refused := regions.Plan(s.Split, s.Clock, s.Me, s.Now()+s.Budget.Milliseconds(), own, v)
+	sem := make(chan struct{}, Parallel)
+	for j, i := range busy {
+		v := regions.View{Demand: demands[i], Records: map[regions.Region]regions.Record{}}
+		var unread []error
+		for region, err := range farErr {
+			if err == nil {
+				err = far[region][j].Err
+			}
+			if err != nil {
+				unread = append(unread, fmt.Errorf("share of %s: %w", region, err))
+				continue
+			}
+			v.Records[region] = far[region][j].Record
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			results[i], errs[i] = s.plan(ctx, keys[i], own[i], v)
+			results[i].Unread = unread
+		})
+	}
+	wg.Wait()
+	return results, errs
+}
+
+// plan plans key from its own record and the view of the other regions,
+// and writes its record when the plan changed it.
+func (s *Sync) plan(ctx context.Context, key regions.Key, own regions.Stored, v regions.View) (Result, error) {
+	var r Result
+	next, changed, refused := regions.Plan(s.Split, s.Clock, s.Me, s.Now()+s.Budget.Milliseconds(), own.Record, v)
 	r.Refused = refused
 	m := s.Clock.At(s.Now())
 	r.Shares = map[regions.Region]int64{s.Me: next.Share(s.Split, s.Me, m)}
@@ -131,7 +189,7 @@ func (s *Sync) step(ctx context.Context, key regions.Key, demand map[regions.Reg
 	if u := next.Until(); u > s.Clock.At(s.Now()) {
 		expireAt = s.Clock.Start(u+2) + s.Clock.Window
 	}
-	if _, err := s.Stores[s.Me].PutShare(wctx, key.Entity, key.Resource, next, version, expireAt); err != nil {
+	if _, err := s.Stores[s.Me].PutShare(wctx, key.Entity, key.Resource, next, own.Version, expireAt); err != nil {
 		return r, fmt.Errorf("%s: writing its share of %q/%q: %w", s.Me, key.Entity, key.Resource, err)
 	}
 	r.Wrote = true
@@ -164,8 +222,8 @@ type KeyRound struct {
 	Demand, Shares map[regions.Region]int64
 }
 
-// Parallel is how many keys a sync plans at once: each step waits on
-// reads across regions, so a window's keys are planned side by side.
+// Parallel is how many keys' records a sync writes at once: each write
+// waits on its region's store, so a window's writes go side by side.
 const Parallel = 32
 
 // Round runs one window's sync: it reads every region's usage of the
@@ -193,29 +251,24 @@ func (s *Sync) round(ctx context.Context, second bool, prior *read) Round {
 	used, unread := s.usage(ctx, r.Slot, prior)
 	r.Unread = unread
 	r.read = read{slot: r.Slot, used: used}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, Parallel)
-	for _, k := range usedKeys(used) {
-		demand := demandOf(k, used)
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			res, err := s.step(ctx, k, demand, second)
-			mu.Lock()
-			defer mu.Unlock()
-			r.Keys = append(r.Keys, KeyRound{Key: k, Demand: demand, Shares: res.Shares})
-			r.Unread = append(r.Unread, res.Unread...)
-			r.Refused = append(r.Refused, res.Refused...)
-			if err != nil {
-				r.Failed = append(r.Failed, err)
-			}
-			if res.Wrote {
-				r.Wrote++
-			}
-		})
+	keys := usedKeys(used)
+	demands := make([]map[regions.Region]int64, len(keys))
+	for i, k := range keys {
+		demands[i] = demandOf(k, used)
 	}
-	wg.Wait()
+	results, errs := s.steps(ctx, keys, demands, second)
+	for i, k := range keys {
+		res := results[i]
+		r.Keys = append(r.Keys, KeyRound{Key: k, Demand: demands[i], Shares: res.Shares})
+		r.Unread = append(r.Unread, res.Unread...)
+		r.Refused = append(r.Refused, res.Refused...)
+		if errs[i] != nil {
+			r.Failed = append(r.Failed, errs[i])
+		}
+		if res.Wrote {
+			r.Wrote++
+		}
+	}
 	slices.SortFunc(r.Keys, func(a, b KeyRound) int { return compareKeys(a.Key, b.Key) })
 	r.Took = time.Since(started)
 	return r
@@ -393,31 +446,34 @@ func (s *Sync) Survey(ctx context.Context, keys []regions.Key) (rows []KeyRound,
 		keys = usedKeys(used)
 	}
 	rows = make([]KeyRound, len(keys))
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, Parallel)
 	for i, k := range keys {
 		rows[i] = KeyRound{Key: k, Demand: demandOf(k, used), Shares: map[regions.Region]int64{}}
-		for _, region := range s.Split.Regions() {
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				var rec regions.Record
-				var err error
-				if store, ok := s.Stores[region]; !ok {
-					err = errors.New("no store")
-				} else {
-					rec, _, err = store.GetShare(ctx, k.Entity, k.Resource)
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, region := range s.Split.Regions() {
+		wg.Go(func() {
+			var got []regions.Stored
+			err := errors.New("no store")
+			if store, ok := s.Stores[region]; ok {
+				if got, err = store.GetShares(ctx, keys, true); err == nil && len(got) != len(keys) {
+					err = fmt.Errorf("%d records for %d keys", len(got), len(keys))
 				}
-				mu.Lock()
-				defer mu.Unlock()
-				if err != nil {
-					unread = append(unread, fmt.Errorf("share of %s: %w", region, err))
-					return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				unread = append(unread, fmt.Errorf("shares of %s: %w", region, err))
+				return
+			}
+			for i, st := range got {
+				if st.Err != nil {
+					unread = append(unread, fmt.Errorf("share of %s: %w", region, st.Err))
+					continue
 				}
-				rows[i].Shares[region] = rec.Share(s.Split, region, m)
-			})
-		}
+				rows[i].Shares[region] = st.Record.Share(s.Split, region, m)
+			}
+		})
 	}
 	wg.Wait()
 	return rows, unread

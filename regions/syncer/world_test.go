@@ -24,7 +24,10 @@ import (
 	"github.com/sluice-rl/sluice/regions/syncer"
 )
 
-var long = flag.Bool("regions.long", false, "run the regions' world at full size (make soak): 10 s windows, 1,000/s, faults")
+var (
+	long     = flag.Bool("regions.long", false, "run the regions' world at full size (make soak): 10 s windows, 1,000/s, faults")
+	baseline = flag.Bool("regions.baseline", false, "run the world with shares that never move (serve's --global-window 0) and no syncs: each region at its base, the in-region baseline for latency; use and following demand are logged, not checked")
+)
 
 // A world is three regions, each with a DynamoDB Local of its own, two
 // replicas and a sync, sharing one global limit. A region's replicas and
@@ -125,6 +128,8 @@ type worldConfig struct {
 	// loops took up to a second now and then (19 of 3,071 in one run).
 	deadline  time.Duration
 	maxFailed float64
+	// baseline: shares never move and no sync runs (-regions.baseline).
+	baseline bool
 }
 
 func newWorld(t *testing.T, c worldConfig) *world {
@@ -170,8 +175,10 @@ func newWorld(t *testing.T, c worldConfig) *world {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if g, err = g.Moving(c.clock); err != nil {
-			t.Fatal(err)
+		if !c.baseline {
+			if g, err = g.Moving(c.clock); err != nil {
+				t.Fatal(err)
+			}
 		}
 		for range 2 {
 			b, err := ddb.New(servers[name].ClientAt(r.near.Endpoint()), ddb.Options{Table: tables[name], Global: g, Now: now})
@@ -380,12 +387,15 @@ func TestRegionsKeepTheBoundAndFollowDemand(t *testing.T) {
 		c = worldConfig{clock: regions.Clock{Window: 10_000, Skew: 1_000, Hold: 1_000}, rate: "1000/s", near: 5 * time.Millisecond, far: 70 * time.Millisecond,
 			shift: 12, partition: 18, kill: 30, end: 48, minUse: 0.9, settle: 3, deadline: 50 * time.Millisecond, maxFailed: 0.001}
 	}
+	c.baseline = *baseline
 	w := newWorld(t, c)
 	win := int(time.Duration(c.clock.Window) * time.Millisecond / tick) // ticks a window
-	for _, name := range w.names {
-		w.startSync(w.region[name])
+	if !c.baseline {
+		for _, name := range w.names {
+			w.startSync(w.region[name])
+		}
+		w.startSync(w.region["eu-west-1"]) // started twice
 	}
-	w.startSync(w.region["eu-west-1"]) // started twice
 	heavyFirst := map[regions.Region]float64{"us-east-1": 0.80, "eu-west-1": 0.15, "ap-south-1": 0.05}
 	heavyLast := map[regions.Region]float64{"us-east-1": 0.05, "eu-west-1": 0.15, "ap-south-1": 0.80}
 	total := 1.5 * w.rate
@@ -428,7 +438,7 @@ func TestRegionsKeepTheBoundAndFollowDemand(t *testing.T) {
 		events = append(events, event{at, func() { cut(false) }}, event{at + minute, func() { cut(true) }})
 		excluded = append(excluded, [2]int{at, at + minute + settle})
 	}
-	if c.kill > 0 {
+	if c.kill > 0 && !c.baseline {
 		at := c.kill * win
 		events = append(events, event{at, func() { w.killSync(w.region["us-east-1"]) }},
 			event{at + minute, func() { w.startSync(w.region["us-east-1"]) }})
@@ -485,7 +495,7 @@ func TestRegionsKeepTheBoundAndFollowDemand(t *testing.T) {
 		h := float64(w.sum(from, from+win, admitted, heavy)) / (0.8 * w.rate * float64(win) * tick.Seconds())
 		t.Logf("window at %5.1fs: admitted %.2f of the rate, asked %.2f; %s %.2f of its part", (time.Duration(from) * tick).Seconds(),
 			use, float64(w.sum(from, from+win, asked))/(w.rate*float64(win)*tick.Seconds()), heavy, h)
-		if inExcluded(from) {
+		if inExcluded(from) || c.baseline {
 			continue
 		}
 		if use < c.minUse {
