@@ -165,26 +165,12 @@ func TestHotKeyFromColdWarmsInAFewWrites(t *testing.T) {
 // cannot pay (issue 24: no errors for Envoy's failure mode to pass).
 func TestFarTableAtTheLimit(t *testing.T) {
 	e := newEnv(t)
-	wall := func() int64 { return time.Now().UnixMilli() }
 	l := lim(t, "x", "500/s", 500)
 	req := backend.Request{Entity: "far", Resource: "r", Defaults: []bucket.Limit{l}, Hits: 1}
-	var replicas []*Backend
-	for range 3 {
-		replicas = append(replicas, e.replica(t, Options{Now: wall}, slowWrites{e.client, 70 * time.Millisecond}))
-	}
 	start := time.Now()
-	for _, b := range replicas {
-		r := req
-		if d, err := b.Decide(context.Background(), &r); err != nil || !d.Allowed {
-			t.Fatalf("unhurried first call: %+v, %v", d, err)
-		}
-	}
+	_, ds := slowReplicas(t, e, 3, 70*time.Millisecond, req)
 	goroutines := runtime.NumGoroutine()
 	loadStart := time.Now()
-	ds := make([]backendtest.Decider, len(replicas))
-	for i, b := range replicas {
-		ds[i] = b
-	}
 	res := backendtest.Storm(ds, req, 30, 2*time.Second, 40*time.Millisecond, 50*time.Millisecond)
 	elapsed := time.Since(start)
 	peak := runtime.NumGoroutine()
@@ -242,12 +228,30 @@ func TestCallBeyondReachIsAnsweredAtOnce(t *testing.T) {
 	}
 }
 
+// slowReplicas starts n replicas on the wall clock whose writes each
+// take delay more, and primes each with one unhurried call of req.
+func slowReplicas(t *testing.T, e *env, n int, delay time.Duration, req backend.Request) ([]*Backend, []backendtest.Decider) {
+	t.Helper()
+	wall := func() int64 { return time.Now().UnixMilli() }
+	var replicas []*Backend
+	var ds []backendtest.Decider
+	for range n {
+		b := e.replica(t, Options{Now: wall}, slowWrites{e.client, delay})
+		r := req
+		if d, err := b.Decide(context.Background(), &r); err != nil || !d.Allowed {
+			t.Fatalf("unhurried first call: %+v, %v", d, err)
+		}
+		replicas, ds = append(replicas, b), append(ds, b)
+	}
+	return replicas, ds
+}
+
 // A table near enough for every deadline (20 ms writes, 50 ms deadlines)
 // but a key at its limit, asked far more than it holds by 20 callers on
 // two replicas: a call its lease cannot pay, while this replica's last
-// write left the bucket holding less than the lease it asks for and the
-// next grant is on its way, is denied from memory, as a quota client's
-// spent assignment denies. It does not queue behind the write in flight
+// write left the bucket unable to pay one more hit and the lease's next
+// grant is on its way, is denied from memory, as a quota client's spent
+// assignment denies. It does not queue behind the write in flight
 // and the one after it, which would outlast its deadline and leave it to
 // the failure policy (Envoy's fail-open admits it: over the limit,
 // uncounted). The refill meanwhile goes to the leases the writes bring,
@@ -255,22 +259,10 @@ func TestCallBeyondReachIsAnsweredAtOnce(t *testing.T) {
 // other replica's, so neither starves the other by winning every race.
 func TestSlowTableAtTheLimitDeniesFromMemory(t *testing.T) {
 	e := newEnv(t)
-	wall := func() int64 { return time.Now().UnixMilli() }
 	l := lim(t, "x", "500/s", 500)
 	req := backend.Request{Entity: "slow", Resource: "r", Defaults: []bucket.Limit{l}, Hits: 1}
-	var replicas []*Backend
-	for range 2 {
-		replicas = append(replicas, e.replica(t, Options{Now: wall}, slowWrites{e.client, 20 * time.Millisecond}))
-	}
 	start := time.Now()
-	ds := make([]backendtest.Decider, len(replicas))
-	for i, b := range replicas {
-		r := req
-		if d, err := b.Decide(context.Background(), &r); err != nil || !d.Allowed {
-			t.Fatalf("unhurried first call: %+v, %v", d, err)
-		}
-		ds[i] = b
-	}
+	replicas, ds := slowReplicas(t, e, 2, 20*time.Millisecond, req)
 	loadStart := time.Now()
 	// The burst goes first, while the callers' first calls queue for the
 	// writes that warm the key (a cold key's transient, on a table where

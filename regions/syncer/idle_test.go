@@ -59,24 +59,31 @@ func (m *memStore) Usage(context.Context, regions.Slot) (map[regions.Key]int64, 
 	return out, nil
 }
 
-// TestIdleKeysReadOnlyTheirOwnRecord: a key whose demand fits every
-// region's base costs each region's sync one read of its own record a
-// round, and no write; one whose demand does not is planned across the
-// regions, and a region's second round reads the others' records only
-// where a loan may be coming to it or it lends.
-func TestIdleKeysReadOnlyTheirOwnRecord(t *testing.T) {
+// memRegions is three regions of equal weights a, b and c, each with a
+// memStore, on a clock of 10 s windows; now is a second into a window.
+func memRegions(t *testing.T) (regions.Split, regions.Clock, int64, map[regions.Region]*memStore, map[regions.Region]syncer.Store) {
+	t.Helper()
 	split, err := regions.NewSplit(map[regions.Region]int64{"a": 1, "b": 1, "c": 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	clock := regions.Clock{Window: 10_000, Skew: 1_000, Hold: 1_000}
-	now := clock.Start(1_000) + 1_000
 	stores := map[regions.Region]*memStore{}
 	all := map[regions.Region]syncer.Store{}
 	for _, r := range split.Regions() {
 		stores[r] = newMemStore()
 		all[r] = stores[r]
 	}
+	return split, clock, clock.Start(1_000) + 1_000, stores, all
+}
+
+// TestIdleKeysReadOnlyTheirOwnRecord: a key whose demand fits every
+// region's base costs each region's sync one read of its own record a
+// round, and no write; one whose demand does not is planned across the
+// regions, and a region's second round reads the others' records only
+// where a loan may be coming to it or it lends.
+func TestIdleKeysReadOnlyTheirOwnRecord(t *testing.T) {
+	split, clock, now, stores, all := memRegions(t)
 	syncs := map[regions.Region]*syncer.Sync{}
 	for _, r := range split.Regions() {
 		syncs[r] = &syncer.Sync{Me: r, Split: split, Clock: clock, Stores: all, Budget: syncer.DefaultBudget(clock),
@@ -145,18 +152,7 @@ func TestIdleKeysReadOnlyTheirOwnRecord(t *testing.T) {
 // call per key and region: 500 busy keys cost a round of three regions
 // nine calls, where one call per record was 4,500.
 func TestRoundReadsRecordsInBatches(t *testing.T) {
-	split, err := regions.NewSplit(map[regions.Region]int64{"a": 1, "b": 1, "c": 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := regions.Clock{Window: 10_000, Skew: 1_000, Hold: 1_000}
-	now := clock.Start(1_000) + 1_000
-	stores := map[regions.Region]*memStore{}
-	all := map[regions.Region]syncer.Store{}
-	for _, r := range split.Regions() {
-		stores[r] = newMemStore()
-		all[r] = stores[r]
-	}
+	split, clock, now, stores, all := memRegions(t)
 	for i := range 500 {
 		stores["a"].usage[regions.Key{Entity: fmt.Sprintf("busy-%d", i), Resource: "api"}] = regions.Total
 	}

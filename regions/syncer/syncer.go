@@ -90,10 +90,7 @@ func (s *Sync) Step(ctx context.Context, key regions.Key, demand map[regions.Reg
 // back.
 func (s *Sync) steps(ctx context.Context, keys []regions.Key, demands []map[regions.Region]int64, second bool) ([]Result, []error) {
 	results, errs := make([]Result, len(keys)), make([]error, len(keys))
-	own, err := s.Stores[s.Me].GetShares(ctx, keys, true)
-	if err == nil && len(own) != len(keys) {
-		err = fmt.Errorf("%d records for %d keys", len(own), len(keys))
-	}
+	own, err := s.getShares(ctx, s.Me, keys, true)
 	if err != nil {
 		for i, k := range keys {
 			errs[i] = fmt.Errorf("%s: its own share of %q/%q: %w", s.Me, k.Entity, k.Resource, err)
@@ -119,30 +116,9 @@ func (s *Sync) steps(ctx context.Context, keys []regions.Key, demands []map[regi
 	for j, i := range busy {
 		busyKeys[j] = keys[i]
 	}
-	// The other regions are far (70 ms a call across an ocean): read
-	// them all at once, not one after the other.
-	far := map[regions.Region][]regions.Stored{}
-	farErr := map[regions.Region]error{}
-	var mu sync.Mutex
+	others := slices.DeleteFunc(s.Split.Regions(), func(r regions.Region) bool { return r == s.Me })
+	far, farErr := s.shares(ctx, others, busyKeys, false)
 	var wg sync.WaitGroup
-	for _, region := range s.Split.Regions() {
-		if region == s.Me {
-			continue
-		}
-		wg.Go(func() {
-			var got []regions.Stored
-			err := errors.New("no store")
-			if store, ok := s.Stores[region]; ok {
-				if got, err = store.GetShares(ctx, busyKeys, false); err == nil && len(got) != len(busyKeys) {
-					err = fmt.Errorf("%d records for %d keys", len(got), len(busyKeys))
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			far[region], farErr[region] = got, err
-		})
-	}
-	wg.Wait()
 	sem := make(chan struct{}, Parallel)
 	for j, i := range busy {
 		v := regions.View{Demand: demands[i], Records: map[regions.Region]regions.Record{}}
@@ -166,6 +142,39 @@ func (s *Sync) steps(ctx context.Context, keys []regions.Key, demands []map[regi
 	}
 	wg.Wait()
 	return results, errs
+}
+
+// getShares reads keys' records in region (Store.GetShares), one for
+// each key.
+func (s *Sync) getShares(ctx context.Context, region regions.Region, keys []regions.Key, consistent bool) ([]regions.Stored, error) {
+	store, ok := s.Stores[region]
+	if !ok {
+		return nil, errors.New("no store")
+	}
+	got, err := store.GetShares(ctx, keys, consistent)
+	if err == nil && len(got) != len(keys) {
+		err = fmt.Errorf("%d records for %d keys", len(got), len(keys))
+	}
+	return got, err
+}
+
+// shares reads keys' records in every region of among at once, not one
+// region after the other: the other regions are far (70 ms a call across
+// an ocean). A region whose read failed has its error in errs.
+func (s *Sync) shares(ctx context.Context, among []regions.Region, keys []regions.Key, consistent bool) (got map[regions.Region][]regions.Stored, errs map[regions.Region]error) {
+	got, errs = map[regions.Region][]regions.Stored{}, map[regions.Region]error{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, region := range among {
+		wg.Go(func() {
+			st, err := s.getShares(ctx, region, keys, consistent)
+			mu.Lock()
+			defer mu.Unlock()
+			got[region], errs[region] = st, err
+		})
+	}
+	wg.Wait()
+	return got, errs
 }
 
 // plan plans key from its own record and the view of the other regions,
@@ -449,32 +458,19 @@ func (s *Sync) Survey(ctx context.Context, keys []regions.Key) (rows []KeyRound,
 	for i, k := range keys {
 		rows[i] = KeyRound{Key: k, Demand: demandOf(k, used), Shares: map[regions.Region]int64{}}
 	}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
+	got, errs := s.shares(ctx, s.Split.Regions(), keys, true)
 	for _, region := range s.Split.Regions() {
-		wg.Go(func() {
-			var got []regions.Stored
-			err := errors.New("no store")
-			if store, ok := s.Stores[region]; ok {
-				if got, err = store.GetShares(ctx, keys, true); err == nil && len(got) != len(keys) {
-					err = fmt.Errorf("%d records for %d keys", len(got), len(keys))
-				}
+		if err := errs[region]; err != nil {
+			unread = append(unread, fmt.Errorf("shares of %s: %w", region, err))
+			continue
+		}
+		for i, st := range got[region] {
+			if st.Err != nil {
+				unread = append(unread, fmt.Errorf("share of %s: %w", region, st.Err))
+				continue
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				unread = append(unread, fmt.Errorf("shares of %s: %w", region, err))
-				return
-			}
-			for i, st := range got {
-				if st.Err != nil {
-					unread = append(unread, fmt.Errorf("share of %s: %w", region, st.Err))
-					continue
-				}
-				rows[i].Shares[region] = st.Record.Share(s.Split, region, m)
-			}
-		})
+			rows[i].Shares[region] = st.Record.Share(s.Split, region, m)
+		}
 	}
-	wg.Wait()
 	return rows, unread
 }

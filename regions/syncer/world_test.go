@@ -61,6 +61,7 @@ type region struct {
 	demand   atomic.Int64 // requests a second
 	admitted []atomic.Int64
 	asked    []atomic.Int64
+	failed   []atomic.Int64
 	slow     atomic.Int64 // decisions that took 50 ms or more
 	errs     atomic.Int64
 	firstErr atomic.Value
@@ -168,7 +169,7 @@ func newWorld(t *testing.T, c worldConfig) *world {
 	ticks := c.end*int(time.Duration(c.clock.Window)*time.Millisecond/tick) + 100
 	for _, name := range w.names {
 		r := &region{name: name, offset: offsets[name], far: map[regions.Region]*dynamodbtest.Proxy{}, kinds: map[string]int{},
-			admitted: make([]atomic.Int64, ticks), asked: make([]atomic.Int64, ticks)}
+			admitted: make([]atomic.Int64, ticks), asked: make([]atomic.Int64, ticks), failed: make([]atomic.Int64, ticks)}
 		now := func() int64 { return time.Now().UnixMilli() + r.offset }
 		r.near = proxy(name, c.near)
 		g, err := backend.NewGlobal(split, name)
@@ -295,6 +296,7 @@ func (w *world) load(ctx context.Context) *sync.WaitGroup {
 					switch {
 					case err != nil && ctx.Err() == nil:
 						r.errs.Add(1)
+						r.failed[n].Add(1)
 						r.firstErr.CompareAndSwap(nil, err.Error())
 						kind := quoted.ReplaceAllString(err.Error(), "…")
 						r.kindsMu.Lock()
@@ -358,6 +360,7 @@ func (w *world) sum(from, to int, counts func(*region) []atomic.Int64, names ...
 
 func admitted(r *region) []atomic.Int64 { return r.admitted }
 func asked(r *region) []atomic.Int64    { return r.asked }
+func failed(r *region) []atomic.Int64   { return r.failed }
 
 // TestRegionsKeepTheBoundAndFollowDemand runs a world of three regions
 // with demand at 1.5 times the limit, split 80/15/5 and then 5/15/80,
@@ -493,8 +496,8 @@ func TestRegionsKeepTheBoundAndFollowDemand(t *testing.T) {
 			heavy = "ap-south-1"
 		}
 		h := float64(w.sum(from, from+win, admitted, heavy)) / (0.8 * w.rate * float64(win) * tick.Seconds())
-		t.Logf("window at %5.1fs: admitted %.2f of the rate, asked %.2f; %s %.2f of its part", (time.Duration(from) * tick).Seconds(),
-			use, float64(w.sum(from, from+win, asked))/(w.rate*float64(win)*tick.Seconds()), heavy, h)
+		t.Logf("window at %5.1fs: admitted %.2f of the rate, asked %.2f; %s %.2f of its part; failed %d", (time.Duration(from) * tick).Seconds(),
+			use, float64(w.sum(from, from+win, asked))/(w.rate*float64(win)*tick.Seconds()), heavy, h, w.sum(from, from+win, failed))
 		if inExcluded(from) || c.baseline {
 			continue
 		}
