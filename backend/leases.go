@@ -499,18 +499,23 @@ const drainedRTTs = 4
 
 // Drained reports whether, for some bucket of bs under the limits bs
 // resolved to, this replica's last write, less than a few round trips
-// of rtt ms ago (drainedRTTs), left it holding less than one hit: the
-// bucket is at its limit, and lives off its refill. (A write that claims
+// of rtt ms (drainedRTTs) before now, or before a call that has waited
+// waited ms since it came, left it holding less than one hit: the bucket
+// is at its limit, and lives off its refill. (A write that claims
 // refill, as the DynamoDB backend's does, leaves what it did not claim
-// pending, outside the tokens it holds.)
-func (ls *Leases[K]) Drained(bs []LeaseBucket[K], now, rtt int64) bool {
+// pending, outside the tokens it holds.) False with no round trip known.
+func (ls *Leases[K]) Drained(bs []LeaseBucket[K], now, rtt, waited int64) bool {
+	if rtt <= 0 {
+		return false
+	}
+	maxAge := drainedRTTs*rtt + max(waited, 0)
 	for i := range bs {
 		h := ls.get(bs[i].Key)
 		if h == nil {
 			continue
 		}
 		h.mu.Lock()
-		d := h.drained(bs[i].Res, bs[i].FP, now, rtt)
+		d := h.drained(bs[i].Res, bs[i].FP, now, maxAge)
 		h.mu.Unlock()
 		if d {
 			return true
@@ -519,10 +524,11 @@ func (ls *Leases[K]) Drained(bs []LeaseBucket[K], now, rtt int64) bool {
 	return false
 }
 
-// drained is Drained for one lease, h locked.
-func (h *holding) drained(res Resolved, fp string, now, rtt int64) bool {
+// drained is Drained for one lease, h locked: its last write, at most
+// maxAge ms before now.
+func (h *holding) drained(res Resolved, fp string, now, maxAge int64) bool {
 	v := h.view
-	if rtt <= 0 || v == nil || v.Config() != fp || now-h.viewAt > drainedRTTs*rtt || !h.matches(res, fp) {
+	if v == nil || v.Config() != fp || now-h.viewAt > maxAge || !h.matches(res, fp) {
 		return false
 	}
 	for _, l := range res.Limits {

@@ -784,6 +784,20 @@ func TestLeasesAtLimit(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a call that waited sees the bucket drained before it came", func(t *testing.T) {
+		ls, _ := newTestLeases()
+		wrote(0, 0)(ls)
+		at := leaseT0 + drainedRTTs*rtt + 50
+		if ls.Drained(bs, at, rtt, 0) {
+			t.Fatal("drained 50 ms past a few round trips, for a call that just came")
+		}
+		if !ls.Drained(bs, at, rtt, 50) {
+			t.Fatal("not drained for a call that came 50 ms ago, a few round trips after the write")
+		}
+		if ls.Drained(bs, at+1, rtt, 50) {
+			t.Fatal("drained for a call that came more than a few round trips after the write")
+		}
+	})
 	t.Run("no round trip known: the store", func(t *testing.T) {
 		ls, _ := newTestLeases()
 		wrote(0, 0)(ls)

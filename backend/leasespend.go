@@ -124,7 +124,7 @@ func (ls *Leases[K]) Beyond(bs []LeaseBucket[K], hits uint64, now, rtt int64, re
 // (not drained, or no renewal under way): the call is for the store, so
 // that a replica's lone calls are decided as one bucket would.
 func (ls *Leases[K]) AtLimit(bs []LeaseBucket[K], hits uint64, now, rtt int64) (results []bucket.Result, low []LeaseBucket[K], paid, denied bool) {
-	if !ls.Drained(bs, now, rtt) {
+	if !ls.Drained(bs, now, rtt, 0) {
 		return nil, nil, false, false
 	}
 	return ls.spend(bs, hits, now, rtt, atLimit)
@@ -217,7 +217,7 @@ func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mod
 				unmet(hs[:len(bs)], bs, 0, now)
 				for k := range bs {
 					h := hs[k]
-					outrun = outrun || (h.renewing && h.drained(bs[k].Res, bs[k].FP, now, rtt))
+					outrun = outrun || (h.renewing && rtt > 0 && h.drained(bs[k].Res, bs[k].FP, now, drainedRTTs*rtt))
 				}
 			}
 			return nil, nil, false, outrun

@@ -399,6 +399,7 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 	if len(ts) == 0 {
 		return backend.NotLimited(), nil
 	}
+	began := b.now()
 	// A check (no hits) on a leased bucket is answered here too, so that
 	// its remaining count includes the lease like any other answer's.
 	if b.leases != nil && !req.Refund {
@@ -430,7 +431,7 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 		if outrun && b.recentEnough(ts, now) {
 			return b.deadlineDenial(ts, req, level), nil
 		}
-		return b.gaveUp(ts, req, level, fmt.Errorf("bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach))
+		return b.gaveUp(ts, req, level, began, fmt.Errorf("bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach))
 	}
 	if b.leases != nil && !req.Refund && req.Hits > 0 && b.opts.MaxDenyStaleness >= 0 {
 		// This replica's last write left the bucket drained: the calls
@@ -457,7 +458,7 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 	c.guessed = guessed
 	batch, err := b.lanes.enter(ctx, c, keys...)
 	if err != nil {
-		return b.gaveUp(ts, req, level, fmt.Errorf("waiting for bucket %q/%q: %w", req.Entity, req.Resource, err))
+		return b.gaveUp(ts, req, level, began, fmt.Errorf("waiting for bucket %q/%q: %w", req.Entity, req.Resource, err))
 	}
 	switch {
 	case batch == nil: // answered by another call's batch
@@ -466,7 +467,7 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 		case <-c.wake:
 		case <-ctx.Done():
 			if c.abandon() {
-				return b.gaveUp(ts, req, level, fmt.Errorf("writing bucket %q/%q: %w", req.Entity, req.Resource, ctx.Err()))
+				return b.gaveUp(ts, req, level, began, fmt.Errorf("writing bucket %q/%q: %w", req.Entity, req.Resource, ctx.Err()))
 			}
 			<-c.wake // answered just as ctx ended: the answer stands
 		}
@@ -480,7 +481,7 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 	}
 	if c.err != nil {
 		if ctx.Err() != nil {
-			return b.gaveUp(ts, req, level, c.err)
+			return b.gaveUp(ts, req, level, began, c.err)
 		}
 		return backend.Decision{}, c.err
 	}
@@ -535,21 +536,23 @@ func (b *Backend) renewNow(ts []target) {
 	}
 }
 
-// gaveUp answers a call that stopped waiting for its bucket at its
-// deadline (err). Where the bucket, as this replica last saw it (within
-// MaxDenyStaleness), could not lease it a round trip of its demand
-// (backend.Leases.Short), the answer is a denial: the replica is asked more than its
-// part of the bucket, and an error would let Envoy's failure mode pass
-// the call over a limit being reached. Anywhere else (a key far below
-// its limit whose lease is still growing) it is err, for the failure
-// policy.
-func (b *Backend) gaveUp(ts []target, req *backend.Request, level backend.Level, err error) (backend.Decision, error) {
+// gaveUp answers a call that came at began (ms) and stopped waiting for
+// its bucket at its deadline (err). Where the bucket, as this replica
+// last saw it (within MaxDenyStaleness), could not lease it a round trip
+// of its demand (backend.Leases.Short), or this replica's last write
+// before the call or while it waited left the bucket drained
+// (backend.Leases.Drained), the answer is a denial: the replica is asked
+// more than its part of the bucket, and an error would let Envoy's
+// failure mode pass the call over a limit being reached. Anywhere else
+// (a key far below its limit whose lease is still growing) it is err,
+// for the failure policy.
+func (b *Backend) gaveUp(ts []target, req *backend.Request, level backend.Level, began int64, err error) (backend.Decision, error) {
 	if b.leases == nil || req.Refund || req.Hits == 0 {
 		return backend.Decision{}, err
 	}
 	b.loadSeen(ts)
 	now := b.now()
-	if lbs, rtt := leasedAll(ts), b.rtt.Ms(); !b.recentEnough(ts, now) || !(b.leases.Short(lbs, now, rtt) || b.leases.Drained(lbs, now, rtt)) {
+	if lbs, rtt := leasedAll(ts), b.rtt.Ms(); !b.recentEnough(ts, now) || !(b.leases.Short(lbs, now, rtt) || b.leases.Drained(lbs, now, rtt, now-began)) {
 		return backend.Decision{}, err
 	}
 	return b.deadlineDenial(ts, req, level), nil
