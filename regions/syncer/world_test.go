@@ -519,6 +519,12 @@ func TestRegionsKeepTheBoundAndFollowDemand(t *testing.T) {
 		if len(r.kinds) > 0 {
 			t.Logf("%s: failed decisions by kind: %v", name, r.kinds)
 		}
+		for i, b := range r.replicas {
+			st := b.Stats()
+			calls, errs := st.Calls()
+			t.Logf("%s replica %d: %d answered from memory, %d deadline denials, %d lost races, %d contended denials, calls %v, errors %v",
+				name, i, st.LocalAnswers.Load(), st.DeadlineDenials.Load(), st.ConditionRetries.Load(), st.Contended.Load(), calls, errs)
+		}
 		// A call that fails is one Envoy answers by its failure mode;
 		// past maxFailed of the calls, that is a fault of its own.
 		if n := r.errs.Load(); float64(n) > c.maxFailed*float64(len(r.lat.d)) {
