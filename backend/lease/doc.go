@@ -16,10 +16,9 @@
 //     the fleet's outstanding leases stay within Policy.Share of the burst
 //     however many replicas there are, without any of them knowing how
 //     many there are;
-//   - what the bucket still holds: a replica never takes more than a
-//     third of its part of that (GrantPart), so leases shrink to nothing
-//     as the bucket nears its limit, and the other replicas' writes find
-//     room for theirs.
+//   - what the bucket still holds: a replica never takes more than half
+//     its part of that, so leases shrink to nothing as the bucket nears
+//     its limit.
 //
 // Three more keep leases whole in the transients (DESIGN section 13):
 // demand is read as it arrives (Rate.Arriving), so a key that turns hot

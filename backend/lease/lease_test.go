@@ -31,14 +31,14 @@ func TestSize(t *testing.T) {
 		{"a fleet estimate below own counts as own", p, big, perMs(50), perMs(1), big.Burst, 500 * bucket.Milli},
 		{"the fleet's share of the burst", p, small, perMs(50), perMs(50), small.Burst, 10 * bucket.Milli},
 		{"this replica's part of that share", p, small, perMs(50), perMs(200), small.Burst, 2 * bucket.Milli},
-		{"a third of its part of what the bucket holds", p, small, perMs(50), perMs(50), 9 * bucket.Milli, 3 * bucket.Milli},
+		{"half its part of what the bucket holds", p, small, perMs(50), perMs(50), 6 * bucket.Milli, 3 * bucket.Milli},
 		{"nothing near the limit", p, small, perMs(50), perMs(50), 1 * bucket.Milli, 0},
 		{"whole tokens only", p, big, perMs(0.15), perMs(0.15), big.Burst, 1 * bucket.Milli},
 		{"less than a token is nothing", p, big, perMs(0.05), perMs(0.05), big.Burst, 0},
 		{"an empty bucket", p, big, perMs(50), perMs(50), 0, 0},
 		{"a zero burst", p, limit(0, bucket.Second, 0), perMs(50), perMs(50), 5, 0},
 		{"a share above 1 is the default", Policy{Horizon: 10_000, Share: 7}, small, perMs(50), perMs(50), small.Burst, 10 * bucket.Milli},
-		{"a share of its own", Policy{Horizon: 10_000, Share: 0.2}, small, perMs(50), perMs(50), small.Burst, 20 * bucket.Milli},
+		{"a share of its own", Policy{Horizon: 10_000, Share: 0.5}, small, perMs(50), perMs(50), small.Burst, 50 * bucket.Milli},
 		{"NaN demand", p, big, math.NaN(), perMs(50), big.Burst, 0},
 		{"infinite demand is capped at the share", p, small, math.Inf(1), math.Inf(1), small.Burst, 10 * bucket.Milli},
 	}
@@ -52,9 +52,8 @@ func TestSize(t *testing.T) {
 // A lease spent faster than planned at least doubles at its next grant,
 // within the same caps; near the limit, where those caps leave nothing,
 // a replica still takes its part of the refill over two round trips, up
-// to its own demand over them and never more than a third of what the
-// bucket holds: the rest is for the writes of the other replicas on their
-// way.
+// to its own demand over them and never more than half the bucket holds:
+// the other half is for the writes of the other replicas on their way.
 func TestSizeGrowsAndKeepsTheRefillNearTheLimit(t *testing.T) {
 	p := Policy{Horizon: 30_000}
 	perMs := func(tokensPerSecond float64) float64 { return tokensPerSecond * bucket.Milli / 1000 }
@@ -69,20 +68,20 @@ func TestSizeGrowsAndKeepsTheRefillNearTheLimit(t *testing.T) {
 		{"estimate below the last grant: twice it", big, Ask{Own: perMs(1), Avail: big.Burst, Grow: 40 * bucket.Milli}, 80 * bucket.Milli},
 		{"estimate above twice the grant: the estimate", big, Ask{Own: perMs(10), Avail: big.Burst, Grow: 40 * bucket.Milli}, 300 * bucket.Milli},
 		{"growth stays within the share", big, Ask{Own: perMs(1), Avail: big.Burst, Grow: 90_000 * bucket.Milli}, 100_000 * bucket.Milli},
-		{"growth stays within a third of what is left", big, Ask{Own: perMs(1), Avail: 150 * bucket.Milli, Grow: 40 * bucket.Milli}, 50 * bucket.Milli},
+		{"growth stays within half of what is left", big, Ask{Own: perMs(1), Avail: 100 * bucket.Milli, Grow: 40 * bucket.Milli}, 50 * bucket.Milli},
 		{"growth needs demand", big, Ask{Own: 0, Avail: big.Burst, Grow: 40 * bucket.Milli}, 0},
 		{"an empty bucket near the limit: nothing", far, Ask{Own: perMs(5000), Avail: 0, RTT: 70}, 0},
-		{"near the limit, alone: a third of the bucket, the rest for the next round trips", far, Ask{Own: perMs(5000), Avail: 120 * bucket.Milli, RTT: 70}, 40 * bucket.Milli},
+		{"near the limit, alone: half the bucket, the rest for the next round trip", far, Ask{Own: perMs(5000), Avail: 120 * bucket.Milli, RTT: 70}, 60 * bucket.Milli},
 		{"near the limit, a third of the fleet: a third of it", far, Ask{Own: perMs(5000), Fleet: perMs(15000), Avail: 120 * bucket.Milli, RTT: 70}, 23 * bucket.Milli},
-		{"the refill's part is capped at a third of what is there", far, Ask{Own: perMs(5000), Avail: 30 * bucket.Milli, RTT: 70}, 10 * bucket.Milli},
+		{"the refill's part is capped at half of what is there", far, Ask{Own: perMs(5000), Avail: 30 * bucket.Milli, RTT: 70}, 15 * bucket.Milli},
 		{"two round trips of demand past the share, from half the bucket", far, Ask{Own: perMs(400), Avail: 500 * bucket.Milli, RTT: 100}, 80 * bucket.Milli},
-		{"no more than a third of the bucket", far, Ask{Own: perMs(4000), Avail: 500 * bucket.Milli, RTT: 100}, 166 * bucket.Milli},
-		{"no round trip measured: no refill lease", far, Ask{Own: perMs(5000), Avail: 30 * bucket.Milli}, 10 * bucket.Milli},
+		{"no more than half the bucket", far, Ask{Own: perMs(4000), Avail: 500 * bucket.Milli, RTT: 100}, 250 * bucket.Milli},
+		{"no round trip measured: no refill lease", far, Ask{Own: perMs(5000), Avail: 20 * bucket.Milli}, 10 * bucket.Milli},
 		{"topped up to the horizon", big, Ask{Own: perMs(10), Avail: big.Burst, Held: 100 * bucket.Milli}, 200 * bucket.Milli},
 		{"topped up to the share", big, Ask{Own: perMs(10000), Avail: big.Burst, Held: 99_000 * bucket.Milli}, 1000 * bucket.Milli},
 		{"a lease at its share gets nothing", big, Ask{Own: perMs(1000), Avail: big.Burst, Held: 100_000 * bucket.Milli, Grow: 500 * bucket.Milli}, 0},
-		{"topped up near the limit", far, Ask{Own: perMs(5000), Avail: 210 * bucket.Milli, Held: 50 * bucket.Milli, RTT: 70}, 20 * bucket.Milli},
-		{"and to own demand over two round trips", far, Ask{Own: perMs(100), Avail: 210 * bucket.Milli, Held: 50 * bucket.Milli, RTT: 70}, 0},
+		{"topped up near the limit", far, Ask{Own: perMs(5000), Avail: 140 * bucket.Milli, Held: 50 * bucket.Milli, RTT: 70}, 20 * bucket.Milli},
+		{"and to own demand over two round trips", far, Ask{Own: perMs(100), Avail: 140 * bucket.Milli, Held: 50 * bucket.Milli, RTT: 70}, 0},
 	}
 	for _, c := range cases {
 		if got := p.Size(c.l, c.a); got != c.want {
@@ -93,7 +92,7 @@ func TestSizeGrowsAndKeepsTheRefillNearTheLimit(t *testing.T) {
 
 // Whatever the inputs, a lease is whole tokens, never negative, never
 // more than the bucket holds, and the leases of replicas whose demands
-// add up to the fleet's stay within a third of what the bucket holds together,
+// add up to the fleet's stay within half what the bucket holds together,
 // plus (near the limit) the refill over two round trips, which the
 // replicas' parts of it add up to; with no round trip known, within the
 // share of the burst too.
@@ -132,7 +131,7 @@ func TestSizeProperties(t *testing.T) {
 			part := min(own[i]/fleet, 1)
 			rtt2 := 2 * float64(rtt)
 			caps := max(DefaultShare*float64(l.Burst)*part,
-				min(own[i]*rtt2, max(float64(avail)*part/GrantPart, float64(l.Amount)/float64(l.Period)*part*rtt2)))
+				min(own[i]*rtt2, max(float64(avail)*part/2, float64(l.Amount)/float64(l.Period)*part*rtt2)))
 			if more < 0 || more > avail || (more > 0 && float64(held+more) > caps*(1+1e-9)+bucket.Milli) {
 				t.Fatalf("Size(%+v, own %g, fleet %g, avail %d, held %d) = %d, over the caps %g", l, own[i], fleet, avail, held, more, caps)
 			}
@@ -141,7 +140,7 @@ func TestSizeProperties(t *testing.T) {
 		if share := DefaultShare * float64(l.Burst); rtt == 0 && float64(total) > share*(1+1e-9) {
 			t.Fatalf("%d replicas lease %d of burst %d together, over the share %g", n, total, l.Burst, share)
 		}
-		if float64(total) > (float64(avail)/GrantPart+refill)*(1+1e-9) {
+		if float64(total) > (float64(avail)/2+refill)*(1+1e-9) {
 			t.Fatalf("%d replicas lease %d together of %d left in the bucket (refill %g)", n, total, avail, refill)
 		}
 	}

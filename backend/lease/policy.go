@@ -66,34 +66,20 @@ type Ask struct {
 	RTT int64
 }
 
-// GrantPart is what a grant may take of what a bucket holds: a third
-// (of the replica's part of it). The rest is for the other replicas'
-// writes on their way. Claims that leave room for each other commute in
-// the store (the DynamoDB backend's incremental write), but replicas plan
-// them on views of the bucket taken at different times: one that plans a
-// round trip later sees more refill, and claims more of it. At half,
-// near the limit a fifth of two replicas' writes still lost their race,
-// and at a third about one in forty (TestSlowTableAtTheLimitDeniesFromMemory).
-// A replica that took all there was lost none of its own and made every
-// other's write lose, round trip after round trip. Alone, a replica still
-// takes the whole refill, a third of it at a time.
-const GrantPart = 3
-
 // Size is how many millitokens to add to a lease of limit l, in whole
 // tokens.
 //
 // Far from the limit the lease is topped up to a Horizon of own demand
 // (the grant at least twice a.Grow), with the lease capped at the
-// replica's part (Own/Fleet) of Share of the burst and the grant at a
-// third of its part of Avail (GrantPart), so that leases shrink as the
-// bucket nears its limit. Whatever those give, the lease is topped up to
-// two round trips of own demand, out of a third of its part of Avail or,
-// near the limit, where that is nothing, out of its part of the refill
-// over those round trips, but never more than a third of Avail: enough to
-// admit from memory until the next grant is back, so that a far store
-// puts no round trip on an admission. It is never negative and never more
-// than Avail: the store's conditional write, not this function, keeps the
-// bound.
+// replica's part (Own/Fleet) of Share of the burst and the grant at half
+// its part of Avail, so that leases shrink as the bucket nears its limit.
+// Whatever those give, the lease is topped up to two round trips of own
+// demand, out of half its part of Avail or, near the limit, where that is
+// nothing, out of its part of the refill over those round trips, but
+// never more than half of Avail: enough to admit from memory until the
+// next grant is back, so that a far store puts no round trip on an
+// admission. It is never negative and never more than Avail: the store's
+// conditional write, not this function, keeps the bound.
 func (p Policy) Size(l bucket.Limit, a Ask) int64 {
 	own := a.Own
 	if !p.On() || !(own > 0) || a.Avail <= 0 || l.Burst <= 0 {
@@ -106,15 +92,21 @@ func (p Policy) Size(l bucket.Limit, a Ask) int64 {
 	avail, held := float64(a.Avail), float64(max(a.Held, 0))
 	want := math.Max(own*float64(p.Horizon)-held, 2*float64(a.Grow))
 	want = math.Min(want, p.share()*float64(l.Burst)*part-held)
-	want = math.Min(want, avail*part/GrantPart)
+	want = math.Min(want, avail*part/2)
 	if a.RTT > 0 && l.Period > 0 {
-		// Two round trips of demand, from a third of its part of the
-		// bucket, or near the limit from its part of the refill
-		// meanwhile, but never more than a third of what the bucket
-		// holds (GrantPart).
+		// Two round trips of demand, from half its part of the bucket,
+		// or near the limit from its part of the refill meanwhile, but
+		// never more than half of what the bucket holds: the rest is for
+		// the other replicas whose writes are on their way. Claims that
+		// leave room for each other commute in the store (the DynamoDB
+		// backend's incremental write); a replica that took all there is,
+		// each round trip, would make every other replica's write at the
+		// limit lose its race, round trip after round trip. Alone, it
+		// still takes the whole refill: half of what builds up in a round
+		// trip, and the other half the next.
 		rtt2 := 2 * float64(a.RTT)
 		refill := float64(l.Amount) / float64(l.Period) * part
-		want = math.Max(want, math.Min(own*rtt2, math.Min(math.Max(avail*part/GrantPart, refill*rtt2), avail/GrantPart))-held)
+		want = math.Max(want, math.Min(own*rtt2, math.Min(math.Max(avail*part/2, refill*rtt2), avail/2))-held)
 	}
 	if !(want >= bucket.Milli) { // NaN-proof: less than a token, or nothing
 		return 0
