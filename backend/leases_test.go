@@ -732,9 +732,9 @@ func TestLeasesBeyond(t *testing.T) {
 
 // AtLimit denies from memory a call its lease cannot pay only while this
 // replica's last write, a few round trips ago at most, left the bucket
-// unable to pay one hit, and a renewal is on its way; a bucket that held
-// tokens, a write long past, no renewal under way or other limits send
-// the call to the store.
+// unable to pay one hit, and a renewal is on its way (started by the call
+// when none was); a bucket that held tokens, a write long past, a
+// renewal that cannot start or other limits send the call to the store.
 func TestLeasesAtLimit(t *testing.T) {
 	l := testLimit("rpm", 100, 100)
 	b := leaseOn("k", l)
@@ -756,7 +756,7 @@ func TestLeasesAtLimit(t *testing.T) {
 		paid, denied bool
 	}{
 		{"drained, the lease spent, a grant on its way: denied", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing}, bs, leaseT0 + 2, false, true},
-		{"drained, nothing on its way: the store", []func(*Leases[string]){wrote(whole(2), 0), spent, func(ls *Leases[string]) { ls.Idle(b.Key) }}, bs, leaseT0 + 2, false, false},
+		{"drained, nothing on its way: a renewal starts, denied", []func(*Leases[string]){wrote(whole(2), 0), spent, func(ls *Leases[string]) { ls.Idle(b.Key) }}, bs, leaseT0 + 2, false, true},
 		{"drained, the lease pays: paid", []func(*Leases[string]){wrote(whole(2), 0), renewing}, bs, leaseT0 + 2, true, false},
 		{"less than a hit left is drained", []func(*Leases[string]){wrote(whole(2), bucket.Milli-1), spent, renewing}, bs, leaseT0 + 2, false, true},
 		{"a hit left: the store", []func(*Leases[string]){wrote(whole(2), whole(1)), spent, renewing}, bs, leaseT0 + 2, false, false},
@@ -779,11 +779,30 @@ func TestLeasesAtLimit(t *testing.T) {
 			for _, f := range c.setup {
 				f(ls)
 			}
-			if _, _, paid, denied := ls.AtLimit(c.ask, 1, c.at, rtt); paid != c.paid || denied != c.denied {
+			if _, _, paid, denied := ls.AtLimit(c.ask, 1, c.at, rtt, func() { ls.StartRenewal(&b) }); paid != c.paid || denied != c.denied {
 				t.Fatalf("AtLimit: paid %v, denied %v; want %v, %v", paid, denied, c.paid, c.denied)
 			}
 		})
 	}
+	t.Run("drained, a renewal that cannot start: the store", func(t *testing.T) {
+		ls, _ := newTestLeases()
+		wrote(whole(2), 0)(ls)
+		spent(ls)
+		ls.Idle(b.Key)
+		tried := false
+		if _, _, paid, denied := ls.AtLimit(bs, 1, leaseT0+2, rtt, func() { tried = true }); paid || denied || !tried {
+			t.Fatalf("AtLimit: paid %v, denied %v, renewal tried %v; want the store, after trying", paid, denied, tried)
+		}
+	})
+	t.Run("not drained: no renewal started", func(t *testing.T) {
+		ls, _ := newTestLeases()
+		wrote(whole(2), whole(1))(ls)
+		spent(ls)
+		ls.Idle(b.Key)
+		if _, _, paid, denied := ls.AtLimit(bs, 1, leaseT0+2, rtt, func() { t.Fatal("renewal started on a bucket that was not drained") }); paid || denied {
+			t.Fatalf("AtLimit: paid %v, denied %v; want the store", paid, denied)
+		}
+	})
 	t.Run("a call that waited sees the bucket drained before it came", func(t *testing.T) {
 		ls, _ := newTestLeases()
 		wrote(0, 0)(ls)
@@ -802,7 +821,7 @@ func TestLeasesAtLimit(t *testing.T) {
 		ls, _ := newTestLeases()
 		wrote(0, 0)(ls)
 		renewing(ls)
-		if _, _, paid, denied := ls.AtLimit(bs, 1, leaseT0+1, 0); paid || denied {
+		if _, _, paid, denied := ls.AtLimit(bs, 1, leaseT0+1, 0, nil); paid || denied {
 			t.Fatalf("AtLimit with no round trip: paid %v, denied %v", paid, denied)
 		}
 	})

@@ -114,18 +114,25 @@ func (ls *Leases[K]) Beyond(bs []LeaseBucket[K], hits uint64, now, rtt int64, re
 
 // AtLimit answers from the leases of bs a call of hits their leases
 // could not pay (its demand was counted on arrival), when this replica's
-// last write left some bucket of bs drained (Drained) and a renewal of
-// its lease, started before this call, is on its way: near the limit the
-// lease is all this replica may admit until that grant lands, as a quota
-// client's assignment is, and a call that waited for the store instead
-// would queue behind the write in flight and the one after it, for
-// tokens those writes take anyway. Under the leases' locks it either
-// pays the call (a grant landed meanwhile) or reports denied. Neither
-// (not drained, or no renewal under way): the call is for the store, so
-// that a replica's lone calls are decided as one bucket would.
-func (ls *Leases[K]) AtLimit(bs []LeaseBucket[K], hits uint64, now, rtt int64) (results []bucket.Result, low []LeaseBucket[K], paid, denied bool) {
+// last write left some bucket of bs drained (Drained): it first has renew
+// start a renewal of any lease with none under way, then, under the
+// leases' locks, either pays the call (a grant landed meanwhile) or
+// reports denied while that renewal is on its way. Near the limit the
+// lease is all this replica may admit until the grant lands, as a quota
+// client's assignment is; a call that waited for the store instead would
+// queue behind the write in flight and the one after it, for tokens
+// those writes take anyway, and a replica whose every admission waits
+// for a write of its own races the others' for each token. The refill
+// is not lost: the renewal claims it for the calls after this one.
+// Neither (not drained, or no renewal could start): the call is for the
+// store, so that a bucket with tokens to spare is decided as one bucket
+// would.
+func (ls *Leases[K]) AtLimit(bs []LeaseBucket[K], hits uint64, now, rtt int64, renew func()) (results []bucket.Result, low []LeaseBucket[K], paid, denied bool) {
 	if !ls.Drained(bs, now, rtt, 0) {
 		return nil, nil, false, false
+	}
+	if renew != nil {
+		renew()
 	}
 	return ls.spend(bs, hits, now, rtt, atLimit)
 }

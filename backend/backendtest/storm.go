@@ -5,6 +5,7 @@ package backendtest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -100,4 +101,75 @@ func (r StormResult) AtTheLimit(t testing.TB, got, bound, reachable float64) {
 	if r.Late > r.Total()/100 {
 		t.Errorf("%d of %d calls answered past their deadline, want at most 1%%", r.Late, r.Total())
 	}
+}
+
+// PacedResult counts a paced load's calls by answer, with the time each
+// took, sorted.
+type PacedResult struct {
+	StormResult
+	Took []time.Duration
+}
+
+// Quantile returns the time that the fraction q of the calls took at
+// most.
+func (r PacedResult) Quantile(q float64) time.Duration {
+	if len(r.Took) == 0 {
+		return 0
+	}
+	return r.Took[int(q*float64(len(r.Took)-1))]
+}
+
+// Over counts the calls that took longer than d.
+func (r PacedResult) Over(d time.Duration) int {
+	n, _ := slices.BinarySearch(r.Took, d+1)
+	return len(r.Took) - n
+}
+
+func (r PacedResult) String() string {
+	return fmt.Sprintf("%v; p50 %v, p99 %v, slowest %v", r.StormResult, r.Quantile(0.5), r.Quantile(0.99), r.Quantile(1))
+}
+
+// Paced sends rate calls a second of req for run, as Envoys in front of
+// independent clients do (open loop: a call goes out on time whatever
+// the calls before it are doing), spread over ds in turn, each call
+// with budget before its deadline.
+func Paced(ds []Decider, req backend.Request, rate int, run, budget time.Duration) PacedResult {
+	var mu sync.Mutex
+	var out PacedResult
+	var wg sync.WaitGroup
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	end := time.Now().Add(run)
+	for i := 0; time.Now().Before(end); i++ {
+		<-tick.C
+		d := ds[i%len(ds)]
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			r := req
+			began := time.Now()
+			dec, err := d.Decide(ctx, &r)
+			took := time.Since(began)
+			mu.Lock()
+			defer mu.Unlock()
+			out.Took = append(out.Took, took)
+			switch {
+			case err != nil:
+				out.Failed++
+				if out.FirstErr == "" {
+					out.FirstErr = err.Error()
+				}
+			case dec.Allowed:
+				out.Admitted++
+			default:
+				out.Denied++
+			}
+			if took > budget/2 {
+				out.Waited++
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(out.Took)
+	return out
 }

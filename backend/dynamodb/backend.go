@@ -436,8 +436,9 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 	if b.leases != nil && !req.Refund && req.Hits > 0 && b.opts.MaxDenyStaleness >= 0 {
 		// This replica's last write left the bucket drained: the calls
 		// its lease cannot pay are denied here while the next grant is
-		// on its way (AtLimit), instead of queueing for the table.
-		results, low, paid, denied := b.leases.AtLimit(leasedAll(ts), req.Hits, b.now(), b.rtt.Ms())
+		// on its way (AtLimit, which starts it), instead of queueing for
+		// the table.
+		results, low, paid, denied := b.leases.AtLimit(leasedAll(ts), req.Hits, b.now(), b.rtt.Ms(), func() { b.renewNow(ts) })
 		if paid {
 			return b.paid(ts, results, low, level), nil
 		}
