@@ -747,6 +747,11 @@ func TestLeasesAtLimit(t *testing.T) {
 		return func(ls *Leases[string]) { ls.Credit(&b, []int64{grant}, left(tokens), nil, leaseT0) }
 	}
 	spent := func(ls *Leases[string]) { ls.Spend(bs, 2, leaseT0+1, rtt, true) }
+	// others: a write that found another replica's taking since its view.
+	others := func(ls *Leases[string]) {
+		ls.Credit(&b, nil, &testView{states: map[string]bucket.State{"rpm": {Tokens: 0, Consumed: whole(5), Clock: leaseT0}}, config: b.FP},
+			[]bucket.State{{Consumed: whole(1)}}, leaseT0)
+	}
 	renewing := func(ls *Leases[string]) { ls.StartRenewal(&b) }
 	cases := []struct {
 		name         string
@@ -756,7 +761,8 @@ func TestLeasesAtLimit(t *testing.T) {
 		paid, denied bool
 	}{
 		{"drained, the lease spent, a grant on its way: denied", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing}, bs, leaseT0 + 2, false, true},
-		{"drained, nothing on its way: a renewal starts, denied", []func(*Leases[string]){wrote(whole(2), 0), spent, func(ls *Leases[string]) { ls.Idle(b.Key) }}, bs, leaseT0 + 2, false, true},
+		{"drained, shared, nothing on its way: a renewal starts, denied", []func(*Leases[string]){wrote(whole(2), 0), others, spent, func(ls *Leases[string]) { ls.Idle(b.Key) }}, bs, leaseT0 + 2, false, true},
+		{"drained, alone, nothing on its way: the store", []func(*Leases[string]){wrote(whole(2), 0), spent, func(ls *Leases[string]) { ls.Idle(b.Key) }}, bs, leaseT0 + 2, false, false},
 		{"drained, the lease pays: paid", []func(*Leases[string]){wrote(whole(2), 0), renewing}, bs, leaseT0 + 2, true, false},
 		{"less than a hit left is drained", []func(*Leases[string]){wrote(whole(2), bucket.Milli-1), spent, renewing}, bs, leaseT0 + 2, false, true},
 		{"a hit left: the store", []func(*Leases[string]){wrote(whole(2), whole(1)), spent, renewing}, bs, leaseT0 + 2, false, false},
@@ -787,6 +793,7 @@ func TestLeasesAtLimit(t *testing.T) {
 	t.Run("drained, a renewal that cannot start: the store", func(t *testing.T) {
 		ls, _ := newTestLeases()
 		wrote(whole(2), 0)(ls)
+		others(ls)
 		spent(ls)
 		ls.Idle(b.Key)
 		tried := false

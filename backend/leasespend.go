@@ -124,17 +124,32 @@ func (ls *Leases[K]) Beyond(bs []LeaseBucket[K], hits uint64, now, rtt int64, re
 // those writes take anyway, and a replica whose every admission waits
 // for a write of its own races the others' for each token. The refill
 // is not lost: the renewal claims it for the calls after this one.
-// Neither (not drained, or no renewal could start): the call is for the
+// renew is called only on a bucket other replicas write too (their
+// writes were seen lately): a replica alone on it has nobody to race,
+// and its call is decided by the store exactly, as one bucket would.
+// Neither (not drained, or no renewal under way): the call is for the
 // store, so that a bucket with tokens to spare is decided as one bucket
 // would.
 func (ls *Leases[K]) AtLimit(bs []LeaseBucket[K], hits uint64, now, rtt int64, renew func()) (results []bucket.Result, low []LeaseBucket[K], paid, denied bool) {
 	if !ls.Drained(bs, now, rtt, 0) {
 		return nil, nil, false, false
 	}
-	if renew != nil {
+	if renew != nil && ls.shared(bs, now) {
 		renew()
 	}
 	return ls.spend(bs, hits, now, rtt, atLimit)
+}
+
+// shared reports whether this replica's writes on some bucket of bs found
+// another writer within two horizons before now (how long a lease's
+// bookkeeping is remembered).
+func (ls *Leases[K]) shared(bs []LeaseBucket[K], now int64) bool {
+	for i := range bs {
+		if ls.SharedSince(bs[i].Key, now-2*ls.Horizon()) {
+			return true
+		}
+	}
+	return false
 }
 
 // spendMode says who asks the leases to pay.
