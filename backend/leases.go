@@ -526,9 +526,20 @@ func (ls *Leases[K]) Drained(bs []LeaseBucket[K], now, rtt, waited int64) bool {
 
 // drained is Drained for one lease, h locked: its last write, at most
 // maxAge ms before now.
+//
+// A lease that holds tokens under other limits than res's (a share that
+// moved, edited records) answers for the limits it last wrote under: a
+// bucket drained under those is at its limit while the write that folds
+// the lease and claims under the new ones is on its way.
 func (h *holding) drained(res Resolved, fp string, now, maxAge int64) bool {
+	if !h.matches(res, fp) {
+		if h.held() == 0 {
+			return false
+		}
+		res, fp = h.res, h.fp
+	}
 	v := h.view
-	if v == nil || v.Config() != fp || now-h.viewAt > maxAge || !h.matches(res, fp) {
+	if v == nil || v.Config() != fp || now-h.viewAt > maxAge {
 		return false
 	}
 	for _, l := range res.Limits {
@@ -543,6 +554,18 @@ func (h *holding) drained(res Resolved, fp string, now, maxAge int64) bool {
 func (h *holding) outrun(res Resolved, fp string, now int64) bool {
 	return h.renewing && h.dryAt > 0 && now < h.expires && h.matches(res, fp) &&
 		slices.ContainsFunc(h.granted, func(g int64) bool { return g > 0 })
+}
+
+// Foreign reports whether b's lease holds tokens under other limits than
+// b's: a renewal folds them into its write before it claims under b's.
+func (ls *Leases[K]) Foreign(b *LeaseBucket[K]) bool {
+	h := ls.get(b.Key)
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.matches(b.Res, b.FP) && h.held() > 0
 }
 
 // Busy reports whether a renewal or return of some lease is under way.

@@ -309,7 +309,21 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if err != nil {
 		return backend.Decision{}, err
 	}
-	return b.decideOn(ctx, req, ts, level, false)
+	d, err := b.decideOn(ctx, req, ts, level, false)
+	if !errors.Is(err, errLimitsChanged) {
+		return d, err
+	}
+	// Another replica rewrote the bucket under other limits while this
+	// call waited: resolved again (a share in force since, say), it
+	// writes under those. Once: replicas that still disagree then write
+	// as they would have.
+	if ts, level, err = b.targets(ctx, req, buf[:0], set); err != nil {
+		return backend.Decision{}, err
+	}
+	if d, err = b.decideOn(ctx, req, ts, level, false); errors.Is(err, errLimitsChanged) {
+		err = fmt.Errorf("bucket %q/%q: %w", req.Entity, req.Resource, err)
+	}
+	return d, err
 }
 
 // decideOnGuess decides req on the guessed targets ts while pending reads
@@ -339,6 +353,43 @@ func (b *Backend) decideOnGuess(ctx context.Context, req *backend.Request, ts []
 // bucket to limits that may not apply, so the calls wait for their
 // records instead.
 var errUnsureGuess = errors.New("bucket holds other limits than guessed")
+
+// contendedAttempts is how many writes a batch near its bucket's limit
+// tries, with leases, before its calls are denied as contended.
+const contendedAttempts = 2
+
+// errLimitsChanged stops a batch whose write lost its race to another
+// replica's rewrite of a bucket under other limits than the batch's own:
+// the limits changed (a share that moved, records edited) while its calls
+// waited, and a retry would rewrite the bucket back to the old ones,
+// losing to every write of the replicas on the new ones, round after
+// round, while the calls behind it wait for the lane. The calls resolve
+// their limits again instead (Decide).
+var errLimitsChanged = errors.New("bucket rewritten under other limits")
+
+// cfgs lists the limits (cfg) each target's item carries as last seen,
+// "" for none.
+func cfgs(ts []target) []string {
+	out := make([]string, len(ts))
+	for i := range ts {
+		if it := ts[i].item; it != nil {
+			out[i] = it.cfg
+		}
+	}
+	return out
+}
+
+// rewritten reports whether, after a lost race, some target's item was
+// found under other limits than both the ones it carried before (before,
+// from cfgs) and the target's own: another replica rewrote it.
+func rewritten(ts []target, before []string) bool {
+	for i := range ts {
+		if it := ts[i].item; it != nil && it.cfg != before[i] && it.cfg != ts[i].fp {
+			return true
+		}
+	}
+	return false
+}
 
 // unsure reports whether batch is all guessed calls and some target's
 // item holds other limits than the guess gave it.
@@ -829,6 +880,7 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 			b.written(ts, live, now, false)
 			return
 		}
+		before := cfgs(ts)
 		err := b.write(ctx, ts, now)
 		if err == nil {
 			b.written(ts, live, now, true)
@@ -844,6 +896,20 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 		if unsure(ts, live) {
 			b.unfold(ts, fold, true)
 			fail(live, errUnsureGuess)
+			return
+		}
+		if rewritten(ts, before) {
+			b.unfold(ts, fold, true)
+			fail(live, errLimitsChanged)
+			return
+		}
+		if b.leases != nil && attempt >= contendedAttempts && attempt < b.opts.MaxAttempts && nearLimit(ts, now) {
+			// With leases, a batch is calls that queued behind a write, and
+			// near the limit the other replicas' writes, one a round trip
+			// each, take the refill before every retry of it lands: the
+			// calls behind it would wait out their deadlines for the lane.
+			b.unfold(ts, fold, true)
+			b.contended(ts, live, now)
 			return
 		}
 		if attempt >= b.opts.MaxAttempts {
@@ -917,12 +983,14 @@ func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
 		}
 	}
 	for i := range ts {
-		if !refund && (paying || giving) {
-			lb := ts[i].leased()
+		lb := ts[i].leased()
+		// A renewal folds a lease taken under other limits: its grant
+		// under the new ones could not be added to it.
+		if !refund && (paying || giving || b.leases.Foreign(&lb)) {
 			ts[i].lease = b.leases.Withdraw(&lb)
+			fold = true
 		}
 	}
-	fold = !refund && (paying || giving)
 	return fold, !refund && (paying || !giving)
 }
 
