@@ -297,6 +297,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	var buf [2]target
 	set, pending := b.records.cache.Lookup(req.Entity, req.Resource)
 	if set == nil {
+		b.moving.Prefetch(ctx, req)
 		if ts, level, ok := b.guess(req, buf[:0]); ok {
 			return b.decideOnGuess(ctx, req, ts, level, pending)
 		}

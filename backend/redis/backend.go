@@ -242,6 +242,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	res, bs := resBuf[:0], p.bucketBuf[:0]
 	sets := [2]*recordcache.Set{}
 	var err error
+	b.moving.Prefetch(ctx, req)
 	if sets[0], err = b.records.get(ctx, req.Entity, req.Resource); err != nil {
 		return backend.Decision{}, err
 	}

@@ -91,6 +91,19 @@ func (c *Cache) Get(ctx context.Context, entity, resource string) (regions.Recor
 	}
 }
 
+// Prefetch starts reading the share record of entity's bucket for
+// resource unless the cache holds one younger than half its time, and
+// does not wait for it: a key's first decision, which reads its config
+// records before it asks for the share, finds the share read alongside
+// them instead of after them.
+func (c *Cache) Prefetch(ctx context.Context, entity, resource string) {
+	k := key{entity, resource}
+	if e, ok := c.lru.Peek(k); ok && c.now()-e.readAt < c.ttl/2 {
+		return
+	}
+	c.load(ctx, k)
+}
+
 // load reads k's record into the cache, once for all who ask while it
 // runs. The read outlives a caller that gives up, within a timeout of its
 // own.

@@ -176,3 +176,43 @@ func TestCacheRefreshWaitsForNobody(t *testing.T) {
 		t.Errorf("%d reads, want the first and one hanging", n)
 	}
 }
+
+// Prefetch starts the read a decision will wait for and returns at once;
+// the decision that asks next shares that read, and a record young
+// enough is not read again.
+func TestPrefetchReadsAhead(t *testing.T) {
+	s := &store{recs: map[string]regions.Record{"e/r": loan(5)}, gate: make(chan struct{})}
+	var now atomic.Int64
+	now.Store(1_000)
+	c, err := New(s.read, 4500*time.Millisecond, 10, now.Load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c.Prefetch(ctx, "e", "r") // returns with the read held at the gate
+	done := make(chan regions.Record)
+	go func() {
+		rec, err := c.Get(ctx, "e", "r")
+		if err != nil {
+			t.Error(err)
+		}
+		done <- rec
+	}()
+	close(s.gate)
+	if rec := <-done; rec.In["us"][0].Parts != 5 {
+		t.Fatalf("Get after Prefetch: %+v", rec)
+	}
+	if n := s.reads.Load(); n != 1 {
+		t.Fatalf("%d reads for a Prefetch and a Get at once, want 1", n)
+	}
+	now.Add(2000) // under half of 4.5 s
+	c.Prefetch(ctx, "e", "r")
+	if n := s.reads.Load(); n != 1 {
+		t.Fatalf("%d reads after a Prefetch of a young record, want 1", n)
+	}
+	now.Add(500) // past half
+	c.Prefetch(ctx, "e", "r")
+	for s.reads.Load() != 2 {
+		time.Sleep(time.Millisecond)
+	}
+}
