@@ -1,0 +1,587 @@
+package dynamodb
+
+// A batch is the calls queued on one bucket (or a cascade's two) that one
+// conditional write decides: planned from the last state seen and the
+// replica's lease, retried from what the table returns when the write
+// loses its race, and settled into answers, lease grants and the state
+// the next batch starts from.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/lease"
+)
+
+// contendedAttempts is how many writes a batch near its bucket's limit
+// tries, with leases, before its calls are denied as contended.
+const contendedAttempts = 2
+
+// errLimitsChanged stops a batch whose write lost its race to another
+// replica's rewrite of a bucket under other limits than the batch's own:
+// the limits changed (a share that moved, records edited) while its calls
+// waited, and a retry would rewrite the bucket back to the old ones,
+// losing to every write of the replicas on the new ones, round after
+// round, while the calls behind it wait for the lane. The calls resolve
+// their limits again instead (Decide).
+var errLimitsChanged = errors.New("bucket rewritten under other limits")
+
+// cfgs lists the limits (cfg) each target's item carries as last seen,
+// "" for none.
+func cfgs(ts []target) []string {
+	out := make([]string, len(ts))
+	for i := range ts {
+		if it := ts[i].item; it != nil {
+			out[i] = it.cfg
+		}
+	}
+	return out
+}
+
+// rewritten reports whether, after a lost race, some target's item was
+// found under other limits than both the ones it carried before (before,
+// from cfgs) and the target's own: another replica rewrote it.
+func rewritten(ts []target, before []string) bool {
+	for i := range ts {
+		if it := ts[i].item; it != nil && it.cfg != before[i] && it.cfg != ts[i].fp {
+			return true
+		}
+	}
+	return false
+}
+
+// unsure reports whether batch is all guessed calls and some target's
+// item holds other limits than the guess gave it.
+func unsure(ts []target, batch []*call) bool {
+	for _, c := range batch {
+		if !c.guessed && !c.done {
+			return false
+		}
+	}
+	for i := range ts {
+		if it := ts[i].item; it != nil && it.cfg != ts[i].fp {
+			return true
+		}
+	}
+	return false
+}
+
+// decideBatch decides the calls of batch, in order, on the buckets ts
+// name (the first call's; every call of a batch resolved them alike),
+// and writes the outcome with one conditional write. Each call gets its
+// own answer. A lost race recomputes every call from the state the table
+// returned; a call whose context ends is left out of the next attempt.
+//
+// With leases, what this replica's lease on a bucket still holds is
+// folded into a batch that pays for anything (or returns the lease): the
+// calls are decided on the bucket and the lease together, and the write
+// takes from the bucket only what the lease does not cover, plus the
+// next lease's grant, or gives back what is left over. A write that
+// certainly did not happen (every attempt lost) puts the lease back; one
+// whose outcome is unknown drops it, since it may have returned it.
+func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
+	// Read the last seen state only now: the batch that held the lane
+	// before this one may have just updated it.
+	b.loadSeen(ts)
+	b.markShared(ts)
+	if b.leases != nil && b.payFromLease(ts, batch) {
+		return
+	}
+	if unsure(ts, batch) {
+		for _, c := range batch {
+			if !c.done {
+				c.err = errUnsureGuess
+				c.finish()
+			}
+		}
+		return
+	}
+	fold, mayGrant := b.leasePlan(ts, batch)
+	live := make([]*call, 0, len(batch))
+	for attempt := 1; ; attempt++ {
+		live = live[:0]
+		for _, c := range batch {
+			if c.done {
+				continue
+			}
+			if err := c.ctx.Err(); err != nil {
+				c.err = fmt.Errorf("bucket %q/%q: %w", c.req.Entity, c.req.Resource, err)
+				c.finish()
+				continue
+			}
+			live = append(live, c)
+		}
+		if len(live) == 0 {
+			b.unfold(ts, fold, true)
+			return
+		}
+		now := b.now()
+		write, needView := decideCalls(ts, live, now)
+		if needView && !b.recentEnough(ts, now) {
+			// Decided on a view too old to trust for a denial (a refund or
+			// a raised limit elsewhere): ask the table.
+			if err := b.refresh(ctx, ts); err != nil {
+				b.unfold(ts, fold, true) // nothing written yet
+				fail(live, err)
+				return
+			}
+			continue
+		}
+		if b.settle(ts, now, mayGrant) {
+			write = true
+		}
+		// Denials and checks stand on a view recent enough to deny from:
+		// they are answered now, whatever becomes of the write, so that a
+		// write that keeps losing races on a bucket at its limit holds up
+		// (and, at worst, fails) only the calls it would admit.
+		n := 0
+		for _, c := range live {
+			if c.kind != decide || (c.allowed && c.req.Hits > 0) {
+				live[n] = c
+				n++
+				continue
+			}
+			if !asked(ts) {
+				b.stats.LocalAnswers.Add(1)
+			}
+			c.finish()
+		}
+		live = live[:n]
+		if !write {
+			b.written(ts, live, now, false)
+			return
+		}
+		before := cfgs(ts)
+		err := b.write(ctx, ts, now)
+		if err == nil {
+			b.written(ts, live, now, true)
+			return
+		}
+		var lost errLostRace
+		if !errors.As(err, &lost) {
+			b.unfold(ts, fold, false)
+			fail(live, err)
+			return
+		}
+		b.stats.ConditionRetries.Add(1)
+		if unsure(ts, live) {
+			b.unfold(ts, fold, true)
+			fail(live, errUnsureGuess)
+			return
+		}
+		if rewritten(ts, before) {
+			b.unfold(ts, fold, true)
+			fail(live, errLimitsChanged)
+			return
+		}
+		if b.leases != nil && attempt >= contendedAttempts && attempt < b.opts.MaxAttempts && nearLimit(ts, now) {
+			// With leases, a batch is calls that queued behind a write, and
+			// near the limit the other replicas' writes, one a round trip
+			// each, take the refill before every retry of it lands: the
+			// calls behind it would wait out their deadlines for the lane.
+			b.unfold(ts, fold, true)
+			b.contended(ts, live, now)
+			return
+		}
+		if attempt >= b.opts.MaxAttempts {
+			b.unfold(ts, fold, true)
+			if nearLimit(ts, now) {
+				b.contended(ts, live, now)
+				return
+			}
+			fail(live, fmt.Errorf("bucket %q/%q: gave up after %d contended writes", ts[0].key.entity, ts[0].key.resource, attempt))
+			return
+		}
+		// The first retry starts at once from the state the race returned;
+		// later ones back off, with jitter, as the bucket is contended.
+		if attempt > 1 {
+			if err := sleep(ctx, backoff(attempt-1)); err != nil {
+				b.unfold(ts, fold, true)
+				fail(live, fmt.Errorf("bucket %q/%q: %w", ts[0].key.entity, ts[0].key.resource, err))
+				return
+			}
+		}
+	}
+}
+
+// payFromLease answers the calls of batch that this replica's lease pays
+// for, in order, as Decide would have on arrival: the write a batch
+// waited for may have filled the lease. Once one call cannot be paid the
+// rest go to the write, so that calls are still decided in order. It
+// reports whether every call was answered.
+func (b *Backend) payFromLease(ts []target, batch []*call) bool {
+	for _, c := range batch {
+		if c.done {
+			continue
+		}
+		if c.kind != decide || c.req.Refund || c.ctx.Err() != nil {
+			return false
+		}
+		d, ok := b.spend(ts, c.req, backend.LevelNone, false)
+		if !ok {
+			return false
+		}
+		c.allowed, c.limits, c.results = d.Allowed, d.Limits, d.Results
+		if !c.finish() {
+			// Its caller had gone: the tokens go back to the lease.
+			b.unclaimed(ts, c)
+		}
+	}
+	return true
+}
+
+// leasePlan withdraws the leases of ts into the batch when it pays for
+// anything or returns them (fold), and says whether its write may grant
+// new leases: not for a refund (given back exactly, nothing more) nor for
+// a return alone. The batch's calls counted as demand when they arrived
+// (spend).
+func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
+	for i := range ts {
+		ts[i].lease, ts[i].grant = nil, nil
+	}
+	if b.leases == nil {
+		return false, false
+	}
+	paying, refund, giving := false, false, false
+	for _, c := range batch {
+		switch {
+		case c.kind == giveBack:
+			giving = true
+		case c.kind == decide && c.req.Refund:
+			refund = true
+		case c.kind == decide && c.req.Hits > 0:
+			paying = true
+		}
+	}
+	for i := range ts {
+		lb := ts[i].leased()
+		// A renewal folds a lease taken under other limits: its grant
+		// under the new ones could not be added to it.
+		if !refund && (paying || giving || b.leases.Foreign(&lb)) {
+			ts[i].lease = b.leases.Withdraw(&lb)
+			fold = true
+		}
+	}
+	return fold, !refund && (paying || !giving)
+}
+
+// unfold settles the leases a batch withdrew and did not write: put back
+// when the write certainly did not happen (sure), dropped otherwise.
+func (b *Backend) unfold(ts []target, fold, sure bool) {
+	if !fold {
+		return
+	}
+	for i := range ts {
+		if sure {
+			lb := ts[i].leased()
+			b.leases.Restore(&lb, ts[i].lease)
+		} else {
+			b.leases.Drop(ts[i].lease)
+		}
+		ts[i].lease = nil
+	}
+}
+
+// settle turns each target's decided states (the bucket and any folded
+// lease together, after the calls) into what its bucket holds after the
+// write: less the grant of a new lease, when the batch may grant one.
+// Each limit's consumed total (tc) grows by what the write takes from
+// the bucket, lease grants included, and never shrinks: every token ever
+// admitted has been counted there once, when it left the bucket. It
+// reports whether the write changes any bucket's tokens.
+func (b *Backend) settle(ts []target, now int64, mayGrant bool) bool {
+	changes := false
+	for i := range ts {
+		t := &ts[i]
+		var asks []lease.Ask
+		if mayGrant {
+			lb := t.leased()
+			asks = b.leases.Asks(&lb, t.view(), now, b.rtt.Ms())
+		}
+		t.grant = nil
+		for j, l := range t.res.Limits {
+			s := &t.states[j]
+			if asks != nil {
+				a := asks[j]
+				a.Avail = s.Tokens
+				if g := b.leases.Policy().Size(l, a); g > 0 {
+					if t.grant == nil {
+						t.grant = make([]int64, len(t.res.Limits))
+					}
+					t.grant[j] = g
+					s.Tokens -= g
+				}
+			}
+			taken := bucket.Refill(l, t.base[j], now).Tokens - s.Tokens
+			if !t.refund {
+				// A refund's batch counts what its calls consumed, as
+				// bucket.Apply did; any other counts what left the bucket.
+				s.Consumed = t.base[j].Consumed
+				if taken > 0 {
+					s.Consumed = satAdd(s.Consumed, taken)
+				}
+			}
+			changes = changes || taken != 0
+		}
+	}
+	return changes
+}
+
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// nearLimit reports whether some limit of ts, as the table last
+// returned it and refilled to now, holds less than a tenth of its burst:
+// writes that keep losing there lose to other replicas taking the last
+// tokens. Far from its limit they lose to sheer contention (leases off),
+// and giving up is an error for the failure policy, not a denial.
+func nearLimit(ts []target, now int64) bool {
+	for i := range ts {
+		if ts[i].item == nil {
+			continue
+		}
+		for _, l := range ts[i].res.Limits {
+			if s, ok := ts[i].item.StateOf(l.Name); ok && bucket.Refill(l, s, now).Tokens < l.Burst/10 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// contended answers the calls of a batch whose write lost every race
+// near the limit: other replicas got the last tokens first.
+// Each is denied, with the time its cost takes to refill as the wait:
+// the fleet stays within its bound, and every call gets a decision.
+func (b *Backend) contended(ts []target, calls []*call, now int64) {
+	for _, c := range calls {
+		if c.kind == decide {
+			c.deny()
+			b.stats.Contended.Add(1)
+		}
+		c.finish()
+	}
+}
+
+// written completes the calls of a batch whose write succeeded (wrote),
+// or needed none, every one of them admitted: each reports the tokens it
+// left, shifted by whatever other writers did meanwhile (which the
+// table's answer shows). The leases get what the write granted them.
+func (b *Backend) written(ts []target, calls []*call, now int64, wrote bool) {
+	if wrote && b.opts.OnBucketWrite != nil {
+		for i := range ts {
+			b.opts.OnBucketWrite(backend.TTLDuration(backend.BucketTTL(ts[i].res, b.opts.TTLMultiplier)))
+		}
+	}
+	if b.leases != nil {
+		b.leaseWritten(ts, now, wrote)
+	}
+	off := 0
+	for i := range ts {
+		for j, l := range ts[i].res.Limits {
+			if !wrote || ts[i].item == nil {
+				break // no newer state of the table to report from
+			}
+			s, ok := ts[i].item.StateOf(l.Name)
+			if !ok {
+				continue
+			}
+			table := bucket.Refill(l, s, now)
+			shift := table.Tokens - ts[i].states[j].Tokens
+			for _, c := range calls {
+				if c.kind != decide {
+					continue
+				}
+				r := &c.results[off+j]
+				r.Tokens = min(max(r.Tokens+shift, 0), l.Burst)
+				r.Wait = bucket.Wait(l, bucket.State{Tokens: r.Tokens, Clock: table.Clock}, l.Burst, now)
+			}
+		}
+		off += len(ts[i].res.Limits)
+	}
+	decided := 0
+	for _, c := range calls {
+		if c.kind == decide {
+			decided++
+		}
+		if !c.finish() && b.leases != nil && c.kind == decide && c.allowed && !c.req.Refund {
+			// The write took the call's tokens after its caller had
+			// stopped waiting: nobody spent them.
+			b.unclaimed(ts, c)
+		}
+	}
+	b.stats.Coalesced.Add(uint64(max(decided-1, 0)))
+}
+
+// unclaimed puts the tokens an admitted call took into this replica's
+// lease on its buckets: its caller stopped waiting before the answer
+// came, and was answered by the failure policy, so the tokens have left
+// the shared bucket and were spent by nobody. They are spent by the next
+// calls, or returned with the lease.
+func (b *Backend) unclaimed(ts []target, c *call) {
+	off := 0
+	for i := range ts {
+		n := len(ts[i].res.Limits)
+		costs := make([]int64, n)
+		for j := range n {
+			costs[j] = c.results[off+j].Cost
+		}
+		lb := ts[i].leased()
+		b.leases.Add(&lb, costs, b.now())
+		off += n
+	}
+}
+
+// leaseWritten credits the grants of a write that succeeded (or was not
+// needed) to the leases, and counts the tokens it gave back, and those of
+// a folded lease that the bucket, refilled meanwhile, could not hold
+// (pool caps them at the burst).
+func (b *Backend) leaseWritten(ts []target, now int64, wrote bool) {
+	leaseWrite := false
+	for i := range ts {
+		t := &ts[i]
+		if t.grant != nil || t.lease != nil {
+			leaseWrite = true
+		}
+		for j, l := range t.res.Limits {
+			refilled := bucket.Refill(l, t.base[j], now).Tokens
+			if back := t.states[j].Tokens - refilled; back > 0 {
+				b.stats.Returned.Add(uint64(back))
+			}
+			if j < len(t.lease) {
+				if cut := refilled + t.lease[j] - l.Burst; t.lease[j] > 0 && cut > 0 {
+					b.stats.LeaseCut.Add(uint64(cut))
+				}
+			}
+		}
+		var written []bucket.State
+		if !t.refund {
+			written = t.states
+		}
+		lb := t.leased()
+		b.leases.Credit(&lb, t.grant, t.view(), written, now)
+		t.lease = nil
+	}
+	if wrote && leaseWrite {
+		b.stats.LeaseWrites.Add(1)
+	}
+}
+
+// fail answers every call with err.
+func fail(calls []*call, err error) {
+	for _, c := range calls {
+		c.err = err
+		c.finish()
+	}
+}
+
+// decideCalls plans every target at now and decides the calls in order,
+// each over all the targets' limits together (a cascade passes only if
+// every bucket has the tokens) and against the states the calls before
+// it left. write reports that some call takes or gives back tokens;
+// needView, that some call was denied or only checked, an answer that
+// is only as good as the state it was read from.
+func decideCalls(ts []target, calls []*call, now int64) (write, needView bool) {
+	var states []bucket.State
+	var limits []bucket.Limit
+	refund := false
+	for _, c := range calls {
+		refund = refund || c.req.Refund
+	}
+	for i := range ts {
+		ts[i].refund = refund
+		ts[i].plan(now)
+		limits = append(limits, ts[i].res.Limits...)
+		states = append(states, ts[i].pool(now)...)
+	}
+	for _, c := range calls {
+		if c.kind != decide {
+			continue
+		}
+		c.results, c.allowed = backend.Apply(c.req, limits, states, now)
+		c.limits = limits
+		if c.allowed && c.req.Hits > 0 {
+			write = true
+		} else {
+			needView = true
+		}
+	}
+	off := 0
+	for i := range ts {
+		n := len(ts[i].res.Limits)
+		ts[i].states = states[off : off+n]
+		off += n
+	}
+	return write, needView
+}
+
+// plan chooses how t will be written and the states its decision starts
+// from.
+func (t *target) plan(now int64) {
+	it := t.item
+	limits := t.res.Limits
+	t.base = make([]bucket.State, len(limits))
+	switch {
+	case it == nil || (it.Expired(now) && (t.fresh || !t.shared)):
+		// Gone, as the table just said or as far as this replica can
+		// tell. A stale copy of a shared item falls through: the write's
+		// condition (not expired) finds out, and a lost race returns
+		// the item as it is.
+		t.mode = create
+		if it == nil && t.seenAt == 0 && !t.fresh {
+			t.mode = unseen
+		}
+		for i, l := range limits {
+			t.base[i] = bucket.Full(l, now)
+		}
+	case it.cfg != t.fp:
+		t.mode = rewrite
+		copy(t.base, bucket.Reconcile(it.limits, it.states, limits, now))
+	default:
+		t.mode = incremental
+		for i, l := range limits {
+			s, ok := it.StateOf(l.Name)
+			if !ok {
+				// Same fingerprint, missing attribute: a damaged item;
+				// rebuild it rather than fail forever (pitfall 3).
+				t.mode = rewrite
+				s = bucket.Full(l, now)
+			}
+			t.base[i] = s
+		}
+	}
+}
+
+// pool is what t's decision may spend from, per limit: the bucket as
+// planned, refilled to now, with what the replica's lease adds folded in
+// and capped at the burst like any tokens given back to a bucket (what
+// the cap cuts off is lost, as a return would lose it). The refill comes
+// first even for a batch that decides nothing (a renewal): settle counts
+// what the write takes against the refilled bucket, so a grant sized on a
+// state without its refill would take that refill too and credit it
+// nowhere.
+func (t *target) pool(now int64) []bucket.State {
+	states := slices.Clone(t.base)
+	for j, l := range t.res.Limits {
+		s := bucket.Refill(l, states[j], now)
+		states[j] = s
+		if t.lease == nil || t.lease[j] <= 0 {
+			continue
+		}
+		s.Tokens = min(s.Tokens+t.lease[j], l.Burst)
+		if s.Tokens == l.Burst {
+			s.Clock = now
+		}
+		states[j] = s
+	}
+	return states
+}
