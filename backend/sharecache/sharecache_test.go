@@ -38,18 +38,26 @@ func loan(parts int64) regions.Record {
 	return regions.Record{In: map[regions.Region]regions.Loans{"us": {{Made: 1, From: 1, To: 9, Parts: parts}}}}
 }
 
+// cacheAt1s is a Cache of s's records kept 4.5 s, on a clock that reads
+// 1 s until the test moves it.
+func cacheAt1s(t *testing.T, s *store) (*Cache, *atomic.Int64) {
+	t.Helper()
+	now := new(atomic.Int64)
+	now.Store(1_000)
+	c, err := New(s.read, 4500*time.Millisecond, 10, now.Load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, now
+}
+
 // TestCacheKeepsForTTL: a record is reused until half its ttl after its
 // read began, then read again in the background while it is still
 // used, and never used past its ttl; a failed read is not kept and
 // fails the call.
 func TestCacheKeepsForTTL(t *testing.T) {
 	s := &store{recs: map[string]regions.Record{"e/r": loan(5)}}
-	var now atomic.Int64
-	now.Store(1_000)
-	c, err := New(s.read, 4500*time.Millisecond, 10, now.Load)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, now := cacheAt1s(t, s)
 	ctx := context.Background()
 	get := func() regions.Record {
 		t.Helper()
@@ -182,12 +190,7 @@ func TestCacheRefreshWaitsForNobody(t *testing.T) {
 // enough is not read again.
 func TestPrefetchReadsAhead(t *testing.T) {
 	s := &store{recs: map[string]regions.Record{"e/r": loan(5)}, gate: make(chan struct{})}
-	var now atomic.Int64
-	now.Store(1_000)
-	c, err := New(s.read, 4500*time.Millisecond, 10, now.Load)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, now := cacheAt1s(t, s)
 	ctx := context.Background()
 	c.Prefetch(ctx, "e", "r") // returns with the read held at the gate
 	done := make(chan regions.Record)
