@@ -1,0 +1,329 @@
+// Package rlqstest drives a quota server as Envoy's rate_limit_quota
+// HTTP filter does: Filter sorts requests into buckets, enforces the
+// assignments the server streams to it, and reports each bucket's
+// allowed and denied counts on one stream. It follows the filter of
+// Envoy 1.37 (source/extensions/filters/http/rate_limit_quota), as
+// docs/rlqs.md describes; it is written from that behaviour, not from its
+// code.
+package rlqstest
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Behavior is what the filter does with a bucket that has no assignment
+// in force (before its first, or once one expired): admit everything or
+// nothing.
+type Behavior int
+
+const (
+	// AllowAll admits every request: Envoy's default when the filter's
+	// bucket settings name no behaviour.
+	AllowAll Behavior = iota
+	// DenyAll denies every request.
+	DenyAll
+)
+
+// Options configure a Filter.
+type Options struct {
+	Domain string
+	// ReportInterval is the bucket settings' reporting_interval (5 s).
+	ReportInterval time.Duration
+	// NoAssignment applies before a bucket's first assignment; Expired
+	// after one expired (the expired_assignment_behavior fallback; Envoy
+	// falls back to NoAssignment when it is not set).
+	NoAssignment, Expired Behavior
+	// OnAssignment, when set, hears every action received.
+	OnAssignment func(Action)
+}
+
+// Action is one bucket action as the filter applied it.
+type Action struct {
+	ID      map[string]string
+	Abandon bool
+	// For an assignment: the blanket rule, or the token bucket (MaxTokens,
+	// PerFill tokens each Fill), and its TTL (zero: none).
+	Allow, Deny        bool
+	MaxTokens, PerFill uint64
+	Fill, TTL          time.Duration
+}
+
+// Filter is one Envoy's rate_limit_quota filter and its stream. Safe for
+// concurrent use.
+type Filter struct {
+	opts   Options
+	stream grpc.BidiStreamingClient[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]
+	cancel context.CancelFunc
+	now    func() time.Time
+
+	mu       sync.Mutex
+	buckets  map[string]*fbucket
+	sendMu   sync.Mutex // one report at a time on the stream
+	sentOnce bool
+	done     chan struct{}
+	err      error
+}
+
+// fbucket is one bucket of the filter's cache.
+type fbucket struct {
+	id               map[string]string
+	allowed, denied  uint64 // since the last report
+	lastReport       time.Time
+	assigned         bool
+	expires          time.Time // zero: never
+	allow, deny      bool
+	tokens, max      float64
+	rate             float64 // tokens a second
+	refilledAt       time.Time
+	perFill          uint64
+	fill             time.Duration
+	totalA, totalDen uint64
+}
+
+// Dial opens a stream on conn and starts reporting. Close ends it.
+func Dial(ctx context.Context, conn grpc.ClientConnInterface, opts Options) (*Filter, error) {
+	if opts.ReportInterval <= 0 {
+		opts.ReportInterval = 5 * time.Second
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	f := &Filter{opts: opts, stream: stream, cancel: cancel, now: time.Now,
+		buckets: map[string]*fbucket{}, done: make(chan struct{})}
+	go f.receive()
+	go f.reportEvery(ctx)
+	return f, nil
+}
+
+// Close ends the stream.
+func (f *Filter) Close() error {
+	f.cancel()
+	<-f.done
+	return nil
+}
+
+// Err is why the stream ended, nil while it runs or after Close.
+func (f *Filter) Err() error {
+	select {
+	case <-f.done:
+		if errors.Is(f.err, context.Canceled) {
+			return nil
+		}
+		return f.err
+	default:
+		return nil
+	}
+}
+
+func key(id map[string]string) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(id)) {
+		b.WriteString(k + "\x00" + id[k] + "\x00")
+	}
+	return b.String()
+}
+
+// Request sorts one request into the bucket id and says whether the
+// filter admits it. A bucket's first request is reported at once.
+func (f *Filter) Request(id map[string]string) bool {
+	now := f.now()
+	k := key(id)
+	f.mu.Lock()
+	b := f.buckets[k]
+	first := b == nil
+	if first {
+		b = &fbucket{id: maps.Clone(id), lastReport: now}
+		f.buckets[k] = b
+	}
+	ok := b.admit(now, f.opts)
+	if ok {
+		b.allowed++
+		b.totalA++
+	} else {
+		b.denied++
+		b.totalDen++
+	}
+	var first1 *rlqsv3.RateLimitQuotaUsageReports
+	if first {
+		first1 = f.reportOf([]*fbucket{b}, now)
+	}
+	f.mu.Unlock()
+	if first1 != nil {
+		f.send(first1)
+	}
+	return ok
+}
+
+// admit applies the bucket's assignment, or the behaviour for none.
+func (b *fbucket) admit(now time.Time, o Options) bool {
+	if !b.assigned {
+		return o.NoAssignment == AllowAll
+	}
+	if !b.expires.IsZero() && !now.Before(b.expires) {
+		return o.Expired == AllowAll
+	}
+	switch {
+	case b.allow:
+		return true
+	case b.deny:
+		return false
+	}
+	b.tokens = min(b.max, b.tokens+b.rate*now.Sub(b.refilledAt).Seconds())
+	b.refilledAt = now
+	if b.tokens >= 1 {
+		b.tokens--
+		return true
+	}
+	return false
+}
+
+// Totals returns what the filter admitted and denied in id's bucket since
+// it was first seen.
+func (f *Filter) Totals(id map[string]string) (allowed, denied uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b := f.buckets[key(id)]; b != nil {
+		return b.totalA, b.totalDen
+	}
+	return 0, 0
+}
+
+// reportOf builds the usage report of bs at now and resets their counts.
+// f.mu is held.
+func (f *Filter) reportOf(bs []*fbucket, now time.Time) *rlqsv3.RateLimitQuotaUsageReports {
+	m := &rlqsv3.RateLimitQuotaUsageReports{}
+	for _, b := range bs {
+		elapsed := now.Sub(b.lastReport).Truncate(time.Second)
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId:           &rlqsv3.BucketId{Bucket: maps.Clone(b.id)},
+			TimeElapsed:        durationpb.New(elapsed),
+			NumRequestsAllowed: b.allowed,
+			NumRequestsDenied:  b.denied,
+		})
+		b.allowed, b.denied, b.lastReport = 0, 0, now
+	}
+	return m
+}
+
+// send sends m, naming the domain on the stream's first message.
+func (f *Filter) send(m *rlqsv3.RateLimitQuotaUsageReports) {
+	f.sendMu.Lock()
+	defer f.sendMu.Unlock()
+	if !f.sentOnce {
+		m.Domain = f.opts.Domain
+		f.sentOnce = true
+	}
+	_ = f.stream.Send(m) // a broken stream ends receive, which records why
+}
+
+// reportEvery reports every bucket of the cache each interval.
+func (f *Filter) reportEvery(ctx context.Context) {
+	t := time.NewTicker(f.opts.ReportInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.done:
+			return
+		case <-t.C:
+		}
+		now := f.now()
+		f.mu.Lock()
+		bs := slices.Collect(maps.Values(f.buckets))
+		var m *rlqsv3.RateLimitQuotaUsageReports
+		if len(bs) > 0 {
+			m = f.reportOf(bs, now)
+		}
+		f.mu.Unlock()
+		if m != nil {
+			f.send(m)
+		}
+	}
+}
+
+// receive applies the server's actions until the stream ends.
+func (f *Filter) receive() {
+	defer close(f.done)
+	for {
+		resp, err := f.stream.Recv()
+		if err != nil {
+			f.err = err
+			return
+		}
+		now := f.now()
+		for _, a := range resp.GetBucketAction() {
+			f.apply(a, now)
+		}
+	}
+}
+
+// apply applies one action: an assignment whose strategy equals the one
+// in force (and not expired) only lengthens it, keeping its tokens;
+// another replaces it with a full bucket; abandon forgets the bucket.
+func (f *Filter) apply(a *rlqsv3.RateLimitQuotaResponse_BucketAction, now time.Time) {
+	id := a.GetBucketId().GetBucket()
+	act := Action{ID: id}
+	f.mu.Lock()
+	defer func() {
+		f.mu.Unlock()
+		if f.opts.OnAssignment != nil {
+			f.opts.OnAssignment(act)
+		}
+	}()
+	k := key(id)
+	if a.GetAbandonAction() != nil {
+		act.Abandon = true
+		delete(f.buckets, k)
+		return
+	}
+	b := f.buckets[k]
+	if b == nil {
+		return // not in the cache: Envoy ignores it
+	}
+	qa := a.GetQuotaAssignmentAction()
+	s := qa.GetRateLimitStrategy()
+	if ttl := qa.GetAssignmentTimeToLive(); ttl != nil {
+		act.TTL = ttl.AsDuration()
+	}
+	switch {
+	case s.GetTokenBucket() != nil:
+		tb := s.GetTokenBucket()
+		act.MaxTokens, act.PerFill, act.Fill = uint64(tb.GetMaxTokens()), uint64(tb.GetTokensPerFill().GetValue()), tb.GetFillInterval().AsDuration()
+	case s.GetBlanketRule() == 1:
+		act.Deny = true
+	default:
+		act.Allow = true
+	}
+	live := b.assigned && (b.expires.IsZero() || now.Before(b.expires))
+	same := live && b.allow == act.Allow && b.deny == act.Deny && uint64(b.max) == act.MaxTokens &&
+		b.perFill == act.PerFill && b.fill == act.Fill
+	if !same {
+		b.assigned, b.allow, b.deny = true, act.Allow, act.Deny
+		b.max, b.tokens, b.refilledAt = float64(act.MaxTokens), float64(act.MaxTokens), now
+		b.perFill, b.fill = act.PerFill, act.Fill
+		b.rate = 0
+		if act.Fill >= time.Second {
+			b.rate = float64(act.PerFill) / act.Fill.Seconds()
+		} else if !act.Allow && !act.Deny {
+			b.allow = true // a fill interval under a second: unlimited
+		}
+	}
+	b.expires = time.Time{}
+	if act.TTL > 0 {
+		b.expires = now.Add(act.TTL)
+	}
+}

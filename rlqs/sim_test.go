@@ -1,0 +1,290 @@
+package rlqs
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluice-rl/sluice/backend/memory"
+	"github.com/sluice-rl/sluice/descriptors"
+)
+
+// staticRules serves one config.
+type staticRules struct{ cfg *descriptors.Config }
+
+func (r staticRules) Current() *descriptors.Config { return r.cfg }
+
+// quotaRules is one domain, "quota", whose bucket {api: <any>} is
+// limited to rate a second with a burst of as much.
+func quotaRules(t testing.TB, rate int) staticRules {
+	t.Helper()
+	cfg, err := descriptors.Parse(map[string][]byte{"quota.yaml": fmt.Appendf(nil, `
+domain: quota
+descriptors:
+  - key: api
+    rate_limit: {unit: second, requests_per_unit: %d}
+  - key: open
+`, rate)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return staticRules{cfg}
+}
+
+// envoyModel is one Envoy's bucket as its filter keeps it: no
+// assignment denies (the setting the bound needs), an assignment equal to
+// the one in force lengthens it, another replaces it with a full bucket,
+// an expired one denies.
+type envoyModel struct {
+	assigned      bool
+	allow, deny   bool
+	max, perSec   float64
+	tokens        float64
+	at, expires   int64 // ms
+	allowed, seen uint64
+	lost, capped  float64 // tokens thrown away on replacement, fills into a full bucket
+	expiredMs     int64
+}
+
+func (e *envoyModel) apply(a *rlqsv3.RateLimitQuotaResponse_BucketAction, now int64) {
+	if a.GetAbandonAction() != nil {
+		*e = envoyModel{}
+		return
+	}
+	qa := a.GetQuotaAssignmentAction()
+	s := qa.GetRateLimitStrategy()
+	allow := s.GetTokenBucket() == nil && s.GetBlanketRule() == 0
+	deny := s.GetTokenBucket() == nil && s.GetBlanketRule() == 1
+	tb := s.GetTokenBucket()
+	max, per := float64(tb.GetMaxTokens()), float64(tb.GetTokensPerFill().GetValue())
+	live := e.assigned && now < e.expires
+	if !(live && e.allow == allow && e.deny == deny && e.max == max && e.perSec == per) {
+		e.refill(now)
+		if !e.allow && !e.deny && now < e.expires {
+			e.lost += e.tokens
+		}
+		e.assigned, e.allow, e.deny, e.max, e.perSec, e.tokens, e.at = true, allow, deny, max, per, max, now
+	}
+	e.expires = now + qa.GetAssignmentTimeToLive().AsDuration().Milliseconds()
+}
+
+func (e *envoyModel) refill(now int64) {
+	if now > e.at {
+		f := e.tokens + e.perSec*float64(now-e.at)/1000
+		e.capped += math.Max(0, f-e.max)
+		e.tokens = math.Min(e.max, f)
+		e.at = now
+	}
+}
+
+// admit admits up to n requests at now and returns how many.
+func (e *envoyModel) admit(now int64, n uint64) uint64 {
+	switch {
+	case !e.assigned || now >= e.expires || e.deny:
+		if e.assigned && now >= e.expires {
+			e.expiredMs++
+		}
+		return 0
+	case e.allow:
+		return n
+	}
+	e.refill(now)
+	k := min(n, uint64(e.tokens))
+	e.tokens -= float64(k)
+	return k
+}
+
+// TestAssignmentsNeverOutrunTheBucket runs Envoys of random, shifting
+// demand against one replica's streams on a simulated clock, with
+// assignments reaching each Envoy up to 900 ms late, and holds DESIGN
+// section 15's bound at every step: all Envoys together never admit more
+// than the limit's burst and its refill since the start. While demand
+// exceeds the limit they admit at least 0.9 of it.
+func TestAssignmentsNeverOutrunTheBucket(t *testing.T) {
+	for seed := range uint64(12) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { simulateBound(t, seed) })
+	}
+}
+
+func simulateBound(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	const rate = 1000
+	now := int64(1_700_000_000_000)
+	start := now
+	clock := func() int64 { return now }
+	be := memory.New(memory.Options{Now: clock, SweepInterval: -1})
+	defer be.Close()
+	svc := New(quotaRules(t, rate), be, Options{Now: clock})
+	ctx := context.Background()
+
+	n := 2 + rng.IntN(9)
+	type envoy struct {
+		st       *streamState
+		model    envoyModel
+		demand   float64 // a second
+		owed     float64
+		reported int64
+		allowed  uint64
+		denied   uint64
+		pending  []delivery
+	}
+	id := map[string]string{"api": "search"}
+	envoys := make([]*envoy, n)
+	for i := range envoys {
+		envoys[i] = &envoy{st: &streamState{svc: svc, slots: map[string]*slot{}}, reported: now}
+	}
+	shuffle := func() {
+		for _, e := range envoys {
+			e.demand = rng.Float64() * 3 * rate / float64(n)
+		}
+	}
+	shuffle()
+	var admitted uint64
+	var worst int64 // the most admitted beyond what was taken
+	overDemand, overAllowed := 0.0, uint64(0)
+	for now-start < 180_000 {
+		dt := int64(20 + rng.IntN(300))
+		now += dt
+		if rng.IntN(200) == 0 {
+			shuffle()
+		}
+		var total float64
+		for _, e := range envoys {
+			total += e.demand
+		}
+		step := uint64(0)
+		for _, e := range envoys {
+			for len(e.pending) > 0 && e.pending[0].at <= now {
+				for _, a := range e.pending[0].actions {
+					e.model.apply(a, e.pending[0].at)
+				}
+				e.pending = e.pending[1:]
+			}
+			e.owed += e.demand * float64(dt) / 1000
+			want := uint64(e.owed)
+			e.owed -= float64(want)
+			first := !e.model.assigned && e.allowed+e.denied == 0 && want > 0
+			got := e.model.admit(now, want)
+			step += got
+			e.allowed += got
+			e.denied += want - got
+			if first || now-e.reported >= 5000 {
+				elapsed := (time.Duration(now-e.reported) * time.Millisecond).Truncate(time.Second)
+				if first {
+					elapsed = 0
+				}
+				if err := e.st.report(&rlqsv3.RateLimitQuotaUsageReports{Domain: "quota",
+					BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+						BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(elapsed),
+						NumRequestsAllowed: e.allowed, NumRequestsDenied: e.denied}}}); err != nil {
+					t.Fatal(err)
+				}
+				e.allowed, e.denied, e.reported = 0, 0, now
+			}
+			if resp := e.st.due(ctx); len(resp.BucketAction) > 0 {
+				e.pending = append(e.pending, delivery{at: now + int64(rng.IntN(900)), actions: resp.BucketAction})
+			}
+		}
+		admitted += step
+		if over := int64(admitted) - int64(svc.stats.leased.Load()); over > worst {
+			worst = over
+		}
+		if bound := uint64(rate + rate*(now-start)/1000 + 1); admitted > bound {
+			t.Fatalf("at %d ms: %d Envoys admitted %d, over the bound %d", now-start, n, admitted, bound)
+		}
+		if total > 1.2*rate && now-start > 10_000 {
+			overDemand += float64(dt) / 1000 * rate
+			overAllowed += step
+		}
+	}
+	if overDemand > 20*rate && float64(overAllowed) < 0.9*overDemand {
+		t.Errorf("%d Envoys admitted %.2f of the limit while asking more than 1.2 times it", n, float64(overAllowed)/overDemand)
+	}
+	var lost, capped, bank float64
+	var exp int64
+	for _, e := range envoys {
+		lost += e.model.lost
+		capped += e.model.capped
+		exp += e.model.expiredMs
+		for _, sl := range e.st.slots {
+			bank += float64(sl.bank)
+		}
+	}
+	t.Logf("lost on replacement %.0f, capped fills %.0f, banked %.0f, expired steps %d", lost, capped, bank, exp)
+	t.Logf("admitted beyond taken at worst: %d", worst)
+	t.Logf("%d Envoys: admitted %d in %d s; over the limit %.3f of it; leased %d, stranded %d",
+		n, admitted, (now-start)/1000, float64(overAllowed)/math.Max(overDemand, 1), svc.stats.leased.Load(), svc.stats.stranded.Load())
+}
+
+type delivery struct {
+	at      int64
+	actions []*rlqsv3.RateLimitQuotaResponse_BucketAction
+}
+
+// TestGreedyEnvoysMeetTheBoundExactly: Envoys that always ask far more
+// than the limit admit all the bucket gives and not a token more, so the
+// bound is met with almost nothing to spare; an assignment paid short
+// would show at once.
+func TestGreedyEnvoysMeetTheBoundExactly(t *testing.T) {
+	for n := 1; n <= 4; n++ {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			const rate = 1000
+			now := int64(1_700_000_000_000)
+			start := now
+			clock := func() int64 { return now }
+			be := memory.New(memory.Options{Now: clock, SweepInterval: -1})
+			defer be.Close()
+			svc := New(quotaRules(t, rate), be, Options{Now: clock})
+			ctx := context.Background()
+			id := map[string]string{"api": "search"}
+			type envoy struct {
+				st              *streamState
+				model           envoyModel
+				allowed, denied uint64
+				reported        int64
+			}
+			envoys := make([]*envoy, n)
+			for i := range envoys {
+				envoys[i] = &envoy{st: &streamState{svc: svc, slots: map[string]*slot{}}, reported: now}
+			}
+			var admitted uint64
+			for now-start < 120_000 {
+				now += 50
+				for _, e := range envoys {
+					want := uint64(3 * rate / 20)
+					got := e.model.admit(now, want)
+					admitted += got
+					e.allowed += got
+					e.denied += want - got
+					if !e.model.assigned || now-e.reported >= 5000 {
+						elapsed := (time.Duration(now-e.reported) * time.Millisecond).Truncate(time.Second)
+						if err := e.st.report(&rlqsv3.RateLimitQuotaUsageReports{Domain: "quota",
+							BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+								BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(elapsed),
+								NumRequestsAllowed: e.allowed, NumRequestsDenied: e.denied}}}); err != nil {
+							t.Fatal(err)
+						}
+						e.allowed, e.denied, e.reported = 0, 0, now
+					}
+					for _, a := range e.st.due(ctx).BucketAction {
+						e.model.apply(a, now)
+					}
+				}
+				if bound := uint64(rate + rate*(now-start)/1000 + 1); admitted > bound {
+					t.Fatalf("at %d ms: admitted %d, over the bound %d", now-start, admitted, bound)
+				}
+			}
+			limit := float64(rate + rate*(now-start)/1000)
+			if float64(admitted) < 0.95*limit {
+				t.Errorf("admitted %.3f of the limit", float64(admitted)/limit)
+			}
+			t.Logf("admitted %d of %d (%.4f)", admitted, uint64(limit), float64(admitted)/limit)
+		})
+	}
+}

@@ -1,0 +1,294 @@
+package rlqs
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/sluice-rl/sluice/backend"
+)
+
+// slot is one bucket of one stream: what its Envoy reported of it, what
+// was sent to it, and the tokens taken for it. It lives from the bucket's
+// first report until it is abandoned or its stream ends, and belongs to
+// its stream's loop (one renewal at a time).
+type slot struct {
+	// req names the shared bucket (Hits unset); matched is false for an
+	// id no rule matches, which is allowed everything.
+	req     backend.Request
+	matched bool
+	// limits: the capacity is known (from a decision on the bucket).
+	limits bool
+	cap    capacity
+	// demand is requests a second (allowed and denied) in the last report
+	// that covered time; negative until one has.
+	demand float64
+	// allowed is every request the Envoy reported allowed; issued every
+	// token the assignments sent to it could admit (and every debt paid).
+	// allowed above issued is a debt: requests the Envoy admitted with no
+	// assignment paid for them (before its first, or after one expired).
+	allowed, issued uint64
+	// bank holds tokens taken from the shared bucket for this slot and
+	// not yet in an assignment.
+	bank uint64
+	// active is the last assignment sent; nil before the first.
+	active *assignment
+	ttl    time.Duration // of active
+	due    int64         // ms: when it is renewed
+	seen   int64         // ms: the last report naming it
+	// early is when (ms) a report last brought the renewal forward.
+	early int64
+	// short: the last take found the shared bucket unable to give all
+	// it asked (the limit is reached); supply is the rate (tokens a
+	// second) at which takes have been getting tokens, tookAt when (ms)
+	// the last one was.
+	short  bool
+	supply float64
+	tookAt int64
+	// replacedMax is the burst of the assignment replaced at replacedAt
+	// (ms): its Envoy may admit that much more until the new one lands.
+	replacedMax uint64
+	replacedAt  int64
+}
+
+// debt is what the Envoy admitted beyond what was paid for it, at most a
+// burst per renewal: an absurd report costs the bucket little.
+func (s *slot) debt() uint64 {
+	if s.allowed <= s.issued {
+		return 0
+	}
+	return min(s.allowed-s.issued, max(s.cap.burst, 1))
+}
+
+// supplied records a take that asked for asked tokens and got got at
+// now. Over the limit a take gets the refill since the bucket's last
+// taker, whoever that was: what this slot gets a second, renewing as
+// often as it does, is its share of the refill.
+func (s *slot) supplied(got, asked uint64, now int64) {
+	s.short = got < asked
+	if dt := now - s.tookAt; s.tookAt > 0 && dt > 0 {
+		rate := float64(got) * 1000 / float64(dt)
+		if s.supply <= 0 {
+			s.supply = rate
+		} else {
+			s.supply = (s.supply + rate) / 2
+		}
+	}
+	s.tookAt = now
+}
+
+// reclaim moves into the bank, at now, what the slot's Envoy can no
+// longer admit: every token issued to it, less what it reported
+// admitted and the most its assignments may still admit (a full bucket
+// of the active one, and of the one it replaced while that may still
+// have been in force, and the active one's fills from the allowance
+// before now, for the report's time on the way). A bucket capped at its
+// burst while its Envoy asked less, or replaced while it held tokens,
+// leaves such tokens; the next renewal takes that much less from the
+// shared bucket.
+func (s *slot) reclaim(now, allowance int64) {
+	a := s.active
+	if a == nil || a.Allow {
+		return
+	}
+	hold := a.MaxTokens + fills(a.PerSecond, now-allowance, a.paidUntil)
+	if now-s.replacedAt <= 2*allowance {
+		hold += s.replacedMax
+	}
+	if used := s.allowed + hold; s.issued > used {
+		s.bank += s.issued - used
+		s.issued = used
+	}
+}
+
+// outstanding is what the slot holds that no Envoy may have admitted
+// yet: its bank and the fills of its active assignment still to come.
+// When the stream ends these are stranded.
+func (s *slot) outstanding(now int64) uint64 {
+	n := s.bank
+	if a := s.active; a != nil && !a.Allow {
+		n += unpaidFills(a.PerSecond, now, a.paidUntil)
+	}
+	return n
+}
+
+// renewal is what one renewal decided.
+type renewal struct {
+	Strategy
+	ttl   time.Duration
+	taken uint64 // tokens taken from the shared bucket for it
+}
+
+// renew decides the next assignment of s at now, taking from be what it
+// needs, and records it as sent. On an error s is unchanged but for
+// tokens already taken (kept in its bank) and its active assignment
+// stands until it expires; the caller retries.
+func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int64) (renewal, error) {
+	if !s.matched {
+		return p.record(s, Strategy{Allow: true}, p.TTL, now, 0), nil
+	}
+	if !s.limits {
+		// One check (no hits) learns the limits that really apply: a
+		// record may override the file's.
+		_, d, err := take(ctx, be, s.req, 0)
+		if err != nil {
+			return renewal{}, err
+		}
+		if !d.Limited() {
+			return p.record(s, Strategy{Allow: true}, p.TTL, now, 0), nil
+		}
+		s.cap, s.limits = capacityOf(d.Limits)
+	}
+	// Over the limit the shared bucket holds little more than its refill
+	// since the last take: asking for a whole TTL of fills would find it
+	// short every time. A short bucket is asked for a short TTL.
+	ttl := p.TTL
+	if s.short || s.demand < 0 {
+		// Short, or the demand is not known yet: ask again soon.
+		ttl = p.ShortTTL
+	}
+	until := now + (ttl + p.Allowance).Milliseconds()
+	goal := p.goal(s)
+	var credit uint64 // what replacing the active bucket gives back
+	if a := s.active; a != nil && !a.Allow {
+		credit = unpaidFills(a.PerSecond, now, a.paidUntil)
+	}
+	// The bank is filled to what goal would cost as a new bucket, even
+	// when the active one is only extended: refill it does not use would
+	// otherwise be cut by the shared bucket's burst, and the next renewal
+	// can raise the rate with it.
+	debt := s.debt()
+	var taken uint64
+	if need := goal.MaxTokens + fills(goal.PerSecond, now, until) + debt; need > s.bank+credit {
+		asked := need - s.bank - credit
+		got, d, err := take(ctx, be, s.req, asked)
+		s.bank += got
+		taken = got
+		if err != nil {
+			if errors.Is(err, errPerRequest) {
+				return p.record(s, Strategy{}, p.ShortTTL, now, taken), nil
+			}
+			return renewal{}, err
+		}
+		if !d.Limited() {
+			s.limits = false
+			return p.record(s, Strategy{Allow: true}, p.TTL, now, taken), nil
+		}
+		s.cap, _ = capacityOf(d.Limits)
+		s.supplied(got, asked, now)
+	} else {
+		s.short = false
+	}
+	paid := min(s.bank, debt)
+	s.bank -= paid
+	s.issued += paid
+	if a := s.active; a != nil && !a.Allow && a.PerSecond > 0 && now < a.expires {
+		better, _ := p.afford(s.bank+credit, goal, ttl, now, s.cap)
+		if p.keep(s, better, goal) {
+			if ttl := p.extension(s, now, ttl); ttl > 0 {
+				return p.record(s, a.Strategy, ttl, now, taken), nil
+			}
+		}
+	}
+	s.bank += credit
+	s.issued -= min(s.issued, credit)
+	st, ttl := p.afford(s.bank, goal, ttl, now, s.cap)
+	if st.PerSecond > 0 {
+		c := st.MaxTokens + fills(st.PerSecond, now, now+(ttl+p.Allowance).Milliseconds())
+		s.bank -= c
+		s.issued += c
+	}
+	return p.record(s, st, ttl, now, taken), nil
+}
+
+// goal is the token bucket s's Envoy should have: its demand with
+// headroom, or, while the shared bucket cannot keep up with that
+// (short), the rate the bucket has been supplying it.
+func (p Policy) goal(s *slot) Strategy {
+	want := p.desired(s.demand, s.cap)
+	if s.short && s.supply < float64(want.PerSecond) {
+		r := uint64(max(1, math.Floor(s.supply)))
+		want = Strategy{PerSecond: r, MaxTokens: min(r, max(s.cap.burst, 1))}
+	}
+	return want
+}
+
+// keep reports whether s's active bucket should be extended rather than
+// replaced by better, the best new one its tokens afford toward goal. A
+// new bucket throws away what Envoy's holds and starts full, so the
+// active one stands unless it is well above the goal or a new one would
+// be well above it; below the limit it stands while it covers the demand
+// without much waste.
+func (p Policy) keep(s *slot, better, goal Strategy) bool {
+	r := float64(s.active.PerSecond)
+	if !s.short && s.demand >= 0 && r >= s.demand && r <= 1.5*p.Headroom*s.demand+1 {
+		return true
+	}
+	return r <= 1.25*float64(goal.PerSecond)+1 && float64(better.PerSecond) < 1.1*r
+}
+
+// afford is the best bucket tokens pay for toward goal from now: goal
+// for the longest TTL up to longest they pay, else the largest rate they
+// pay over the short TTL (DENY_ALL when that is none).
+func (p Policy) afford(tokens uint64, goal Strategy, longest time.Duration, now int64, c capacity) (Strategy, time.Duration) {
+	for ttl := longest; ttl >= p.ShortTTL; ttl -= time.Second {
+		if goal.MaxTokens+fills(goal.PerSecond, now, now+(ttl+p.Allowance).Milliseconds()) <= tokens {
+			return goal, ttl
+		}
+	}
+	return p.fit(tokens, p.ShortTTL, c), p.ShortTTL
+}
+
+// extension pays, from s's bank, for extending its active token bucket
+// as long as the bank allows, up to the policy's TTL, and returns that
+// TTL: zero when it pays for less than a second.
+func (p Policy) extension(s *slot, now int64, longest time.Duration) time.Duration {
+	a := s.active
+	var best time.Duration
+	var cost uint64
+	for ttl := time.Second; ttl <= longest; ttl += time.Second {
+		c := fills(a.PerSecond, a.paidUntil, now+(ttl+p.Allowance).Milliseconds())
+		if c > s.bank {
+			break
+		}
+		best, cost = ttl, c
+	}
+	s.bank -= cost
+	s.issued += cost
+	return best
+}
+
+// record makes st, sent at now for ttl, the active assignment of s and
+// schedules its renewal. A token bucket's fills are paid to the end of
+// its TTL and the allowance: an extension's cost (quote) ran them on
+// from where the active one's were paid to.
+func (p Policy) record(s *slot, st Strategy, ttl time.Duration, now int64, taken uint64) renewal {
+	until := now + (ttl + p.Allowance).Milliseconds()
+	a := &assignment{Strategy: st, expires: until, paidUntil: until}
+	switch {
+	case st.Allow || st.Deny():
+		a.paidUntil = now
+	case s.active != nil && s.active.Strategy == st && now < s.active.expires:
+		// Extended: what was paid beyond its new end stays paid.
+		a.paidUntil = max(until, s.active.paidUntil)
+	}
+	if old := s.active; old != nil && (old.Strategy != st || now >= old.expires) {
+		s.replacedMax, s.replacedAt = old.MaxTokens, now
+	}
+	s.active, s.ttl = a, ttl
+	// Renewals of one bucket's Envoys are spread over a quarter of the
+	// wait, so that over the limit none of them always comes first to
+	// the refill.
+	lead := p.lead(ttl).Milliseconds()
+	wait := ttl.Milliseconds() - lead
+	if s.short && s.cap.perSecond > 0 {
+		// The shared bucket holds at most its burst: a refill left
+		// in it longer than that is cut. Over the limit its takers come
+		// back within half of that time, so none of it is lost.
+		wait = min(wait, int64(float64(s.cap.burst)/s.cap.perSecond*500))
+	}
+	s.due = now + max(wait-wait/4+rand.Int64N(wait/4+1), 50)
+	return renewal{Strategy: st, ttl: ttl, taken: taken}
+}
