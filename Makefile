@@ -45,11 +45,12 @@ fuzz:
 	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$pkg || exit 1; \
 	done
 
-## soak: mixed traffic on two replicas and DynamoDB Local with every fault injected in turn, then every bucket audited (SOAK_DURATION, default 3m), then three regions sharing a global limit for 8 minutes with a partition and a sync outage; prints a summary
+## soak: mixed traffic on two replicas and DynamoDB Local with every fault injected in turn, then every bucket audited (SOAK_DURATION, default 3m), then three regions sharing a global limit for 8 minutes with a partition and a sync outage, then ten Envoys' quota streams for 60 s on each backend; prints a summary
 SOAK_DURATION ?= 3m
 soak: dynamodb-local
 	$(GO) test -count=1 -run '^TestSoak$$' -timeout 60m -v ./cmd/sluice -soak.duration=$(SOAK_DURATION)
 	$(GO) test -count=1 -run '^TestRegionsKeepTheBoundAndFollowDemand$$' -timeout 30m -v ./regions/syncer -regions.long
+	$(GO) test -count=1 -run '^TestFleet' -timeout 10m -v ./rlqs -rlqs.long
 
 ## image: the container image (needs a Docker engine)
 image:

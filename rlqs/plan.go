@@ -17,7 +17,7 @@ type Policy struct {
 	// and more tokens stranded when a stream ends.
 	TTL time.Duration
 	// ShortTTL is that of an assignment made over the limit: DENY_ALL, or
-	// a token bucket of what was left (2 s), so the Envoy asks again soon.
+	// a token bucket of what was left (1 s), so the Envoy asks again soon.
 	ShortTTL time.Duration
 	// Lead is how long before an assignment ends it is renewed (2 s; at
 	// most half its TTL).
@@ -47,7 +47,8 @@ func (p Policy) withDefaults() Policy {
 		return max(time.Second, d.Round(time.Second))
 	}
 	p.TTL = sec(p.TTL, 10*time.Second)
-	p.ShortTTL = sec(p.ShortTTL, 2*time.Second)
+	p.ShortTTL = sec(p.ShortTTL, time.Second)
+	p.ShortTTL = min(p.ShortTTL, p.TTL)
 	p.Lead = sec(p.Lead, 2*time.Second)
 	if p.Allowance <= 0 {
 		p.Allowance = 250 * time.Millisecond
@@ -99,7 +100,20 @@ func (p Policy) desired(demand float64, c capacity) Strategy {
 	// ever give in a TTL; the take trims it to what the bucket holds.
 	r := math.Ceil(math.Min(demand*p.Headroom, 2*c.perSecond+float64(c.burst)+1))
 	r = max(r, 1)
-	return Strategy{PerSecond: uint64(r), MaxTokens: min(uint64(r), max(c.burst, 1))}
+	return bucketOf(uint64(r), c)
+}
+
+// bucketOf is the token bucket of rate r under c. Envoy refills its
+// bucket continuously, so its burst need only absorb the unevenness of
+// arrivals: a quarter second of the rate, at least ten tokens (or the
+// rate, when less), never above the limit's own burst. A smaller burst
+// is a smaller sum paid before the assignment is sent.
+func bucketOf(r uint64, c capacity) Strategy {
+	if r == 0 {
+		return Strategy{}
+	}
+	m := max((r+3)/4, min(r, 10))
+	return Strategy{PerSecond: r, MaxTokens: min(m, max(c.burst, 1))}
 }
 
 // quote is what renewing or replacing an Envoy's active assignment with
@@ -117,15 +131,14 @@ func (p Policy) quote(active *assignment, want Strategy, now, until int64) (cost
 	return want.MaxTokens + fills(want.PerSecond, now, until), credit, false
 }
 
-// fit is the largest token bucket that tokens pay for over ttl (plus
-// the allowance) from now: its burst equal to a second of its rate.
-// Zero PerSecond (DENY_ALL) when they pay for less than one token a
-// second.
+// fit is the largest token bucket (bucketOf) that tokens pay for over
+// ttl (plus the allowance) from now. Zero PerSecond (DENY_ALL) when they
+// pay for less than one token a second.
 func (p Policy) fit(tokens uint64, ttl time.Duration, c capacity) Strategy {
 	span := float64((ttl + p.Allowance).Milliseconds()) / 1000
-	r := uint64(math.Floor(float64(tokens) / (1 + span)))
-	for r > 0 && r+fills(r, 0, (ttl+p.Allowance).Milliseconds()) > tokens {
-		r-- // float rounding
+	r := uint64(math.Floor(float64(tokens) / (0.25 + span)))
+	for r > 0 && bucketOf(r, c).MaxTokens+fills(r, 0, (ttl+p.Allowance).Milliseconds()) > tokens {
+		r-- // the burst's floor of ten, and float rounding
 	}
-	return Strategy{PerSecond: r, MaxTokens: min(r, max(c.burst, 1))}
+	return bucketOf(r, c)
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	lru "github.com/hashicorp/golang-lru/v2"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -39,13 +41,17 @@ type Options struct {
 	StallTimeout time.Duration
 	// Workers bounds the renewals one stream makes at once (16).
 	Workers int
+	// MaxStreams bounds the streams open at once (1,000): one more is
+	// refused with RESOURCE_EXHAUSTED, and its Envoy retries.
+	MaxStreams int
 	// Logger hears refusals and backend failures, at most one line per
 	// kind every 5 s. Nil discards them.
 	Logger *slog.Logger
 	// Now returns the time in epoch milliseconds; nil is the wall clock.
 	Now func() int64
-	// Tick is how often a stream looks for assignments to renew and
-	// buckets to abandon (250 ms).
+	// Tick is the longest a stream waits before it looks for buckets to
+	// abandon and assignments to renew (1 s); it wakes for each renewal
+	// at its own time.
 	Tick time.Duration
 }
 
@@ -61,6 +67,7 @@ func (o Options) withDefaults() Options {
 	def(&o.MaxKeyLen, 256)
 	def(&o.MaxValueLen, 4096)
 	def(&o.Workers, 16)
+	def(&o.MaxStreams, 1000)
 	if o.StallTimeout <= 0 {
 		o.StallTimeout = 30 * time.Second
 	}
@@ -71,7 +78,7 @@ func (o Options) withDefaults() Options {
 		o.Now = func() int64 { return time.Now().UnixMilli() }
 	}
 	if o.Tick <= 0 {
-		o.Tick = 250 * time.Millisecond
+		o.Tick = time.Second
 	}
 	return o
 }
@@ -88,12 +95,33 @@ type Service struct {
 	opts  Options
 	stats counters
 	logs  logLimiter
+	// pressure is when (ms) a take on each shared bucket, on any of this
+	// replica's streams, last fell short; bounded, least recent first
+	// out.
+	pressure *lru.Cache[string, int64]
+}
+
+// contendedFor is how long after a take fell short a bucket counts as
+// contended for every stream of the replica.
+const contendedFor = 3000 // ms
+
+// contended reports whether a take on the bucket key fell short lately.
+func (s *Service) contended(key string, now int64) bool {
+	at, ok := s.pressure.Peek(key)
+	return ok && now-at < contendedFor
 }
 
 // New returns a Service assigning the buckets of rules' domains from
 // be's shared buckets.
 func New(rules Rules, be backend.Backend, opts Options) *Service {
-	return &Service{rules: rules, be: be, opts: opts.withDefaults()}
+	opts = opts.withDefaults()
+	pressure, _ := lru.New[string, int64](max(opts.MaxBuckets, 10_000)) // a positive size never fails
+	return &Service{rules: rules, be: be, opts: opts, pressure: pressure}
+}
+
+// Register serves svc on s.
+func Register(s grpc.ServiceRegistrar, svc *Service) {
+	rlqsv3.RegisterRateLimitQuotaServiceServer(s, svc)
 }
 
 // Stats are a Service's running totals, and its streams and buckets now.
@@ -113,6 +141,9 @@ type Stats struct {
 	// stranded).
 	Leased   uint64 `json:"tokens_leased"`
 	Stranded uint64 `json:"tokens_stranded"`
+	// Returned counts tokens given back to shared buckets: what an Envoy
+	// left unused while others lacked it.
+	Returned uint64 `json:"tokens_returned"`
 	// Refused counts usage reports refused (a bad BucketId, an absurd
 	// count, a bucket over MaxBuckets); BackendErrors renewals that failed.
 	Refused       uint64 `json:"reports_refused"`
@@ -122,7 +153,8 @@ type Stats struct {
 type counters struct {
 	streams, buckets                         atomic.Int64
 	tokenBuckets, denyAll, allowAll, abandon atomic.Uint64
-	leased, stranded, refused, backendErrors atomic.Uint64
+	leased, stranded, returned               atomic.Uint64
+	refused, backendErrors                   atomic.Uint64
 }
 
 // Stats returns the running totals.
@@ -130,7 +162,7 @@ func (s *Service) Stats() Stats {
 	c := &s.stats
 	return Stats{Streams: c.streams.Load(), Buckets: c.buckets.Load(),
 		TokenBuckets: c.tokenBuckets.Load(), DenyAll: c.denyAll.Load(), AllowAll: c.allowAll.Load(),
-		Abandoned: c.abandon.Load(), Leased: c.leased.Load(), Stranded: c.stranded.Load(),
+		Abandoned: c.abandon.Load(), Leased: c.leased.Load(), Stranded: c.stranded.Load(), Returned: c.returned.Load(),
 		Refused: c.refused.Load(), BackendErrors: c.backendErrors.Load()}
 }
 
@@ -139,10 +171,13 @@ func (s *Service) Stats() Stats {
 // its demand outgrows its assignment, and before each assignment
 // expires.
 func (s *Service) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	if n := s.stats.streams.Add(1); n > int64(s.opts.MaxStreams) {
+		s.stats.streams.Add(-1)
+		return status.Errorf(codes.ResourceExhausted, "this replica serves %d quota streams already", s.opts.MaxStreams)
+	}
+	defer s.stats.streams.Add(-1)
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
-	s.stats.streams.Add(1)
-	defer s.stats.streams.Add(-1)
 
 	reports := make(chan *rlqsv3.RateLimitQuotaUsageReports)
 	recvErr := make(chan error, 1)
@@ -165,15 +200,15 @@ func (s *Service) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_Stre
 
 	st := &streamState{svc: s, slots: map[string]*slot{}}
 	defer st.end()
-	tick := time.NewTicker(s.opts.Tick)
-	defer tick.Stop()
+	wake := time.NewTimer(s.opts.Tick)
+	defer wake.Stop()
 	for {
 		select {
 		case m := <-reports:
 			if err := st.report(m); err != nil {
 				return err
 			}
-		case <-tick.C:
+		case <-wake.C:
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
 				return nil
@@ -189,11 +224,18 @@ func (s *Service) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_Stre
 			return status.Errorf(codes.ResourceExhausted, "the stream has not read its responses for %v", s.opts.StallTimeout)
 		}
 		if out.busy() {
-			continue // no tokens are taken for responses that cannot leave
+			// No tokens are taken for responses that cannot leave.
+			wake.Reset(s.opts.Tick)
+			continue
 		}
 		if resp := st.due(ctx); len(resp.GetBucketAction()) > 0 {
 			out.send(resp)
 		}
+		// The next renewal at its own time, not on a tick every stream
+		// shares: over the limit, the stream that renews first after the
+		// shared bucket's refill takes it, and a common tick would make
+		// that the same stream every time.
+		wake.Reset(min(max(time.Duration(st.next()-s.opts.Now())*time.Millisecond, 5*time.Millisecond), s.opts.Tick))
 	}
 }
 

@@ -3,7 +3,6 @@ package rlqs
 import (
 	"context"
 	"errors"
-	"math"
 	"math/rand/v2"
 	"time"
 
@@ -41,12 +40,8 @@ type slot struct {
 	// early is when (ms) a report last brought the renewal forward.
 	early int64
 	// short: the last take found the shared bucket unable to give all
-	// it asked (the limit is reached); supply is the rate (tokens a
-	// second) at which takes have been getting tokens, tookAt when (ms)
-	// the last one was.
-	short  bool
-	supply float64
-	tookAt int64
+	// it asked: the limit is reached.
+	short bool
 	// replacedMax is the burst of the assignment replaced at replacedAt
 	// (ms): its Envoy may admit that much more until the new one lands.
 	replacedMax uint64
@@ -60,23 +55,6 @@ func (s *slot) debt() uint64 {
 		return 0
 	}
 	return min(s.allowed-s.issued, max(s.cap.burst, 1))
-}
-
-// supplied records a take that asked for asked tokens and got got at
-// now. Over the limit a take gets the refill since the bucket's last
-// taker, whoever that was: what this slot gets a second, renewing as
-// often as it does, is its share of the refill.
-func (s *slot) supplied(got, asked uint64, now int64) {
-	s.short = got < asked
-	if dt := now - s.tookAt; s.tookAt > 0 && dt > 0 {
-		rate := float64(got) * 1000 / float64(dt)
-		if s.supply <= 0 {
-			s.supply = rate
-		} else {
-			s.supply = (s.supply + rate) / 2
-		}
-	}
-	s.tookAt = now
 }
 
 // reclaim moves into the bank, at now, what the slot's Envoy can no
@@ -117,15 +95,29 @@ func (s *slot) outstanding(now int64) uint64 {
 // renewal is what one renewal decided.
 type renewal struct {
 	Strategy
-	ttl   time.Duration
-	taken uint64 // tokens taken from the shared bucket for it
+	ttl      time.Duration
+	taken    uint64 // tokens taken from the shared bucket for it
+	returned uint64 // tokens given back to the shared bucket
+	// wait: nothing is sent; the active assignment stands and the
+	// renewal is tried again at the slot's due time.
+	wait bool
 }
+
+// retrySoon is how long (ms) a renewal that could not pay for its
+// active bucket's next second waits before it asks the shared bucket
+// again.
+const retrySoon = 100
 
 // renew decides the next assignment of s at now, taking from be what it
 // needs, and records it as sent. On an error s is unchanged but for
 // tokens already taken (kept in its bank) and its active assignment
 // stands until it expires; the caller retries.
-func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int64) (renewal, error) {
+//
+// contended says that the shared bucket fell short of some take of
+// another stream lately: every Envoy of the bucket is then sized closer
+// to its demand, and a bank beyond a second of its rate goes back to the
+// shared bucket for the Envoys that lack it.
+func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int64, contended bool) (renewal, error) {
 	if !s.matched {
 		return p.record(s, Strategy{Allow: true}, p.TTL, now, 0), nil
 	}
@@ -150,7 +142,8 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 		ttl = p.ShortTTL
 	}
 	until := now + (ttl + p.Allowance).Milliseconds()
-	goal := p.goal(s)
+	hot := contended || s.short
+	goal := p.goal(s, hot)
 	var credit uint64 // what replacing the active bucket gives back
 	if a := s.active; a != nil && !a.Allow {
 		credit = unpaidFills(a.PerSecond, now, a.paidUntil)
@@ -177,7 +170,7 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 			return p.record(s, Strategy{Allow: true}, p.TTL, now, taken), nil
 		}
 		s.cap, _ = capacityOf(d.Limits)
-		s.supplied(got, asked, now)
+		s.short = got < asked
 	} else {
 		s.short = false
 	}
@@ -186,9 +179,17 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 	s.issued += paid
 	if a := s.active; a != nil && !a.Allow && a.PerSecond > 0 && now < a.expires {
 		better, _ := p.afford(s.bank+credit, goal, ttl, now, s.cap)
-		if p.keep(s, better, goal) {
+		tooBig := float64(a.PerSecond) > 1.25*float64(goal.PerSecond)+1
+		if p.keep(s, better, goal, hot) || (better.PerSecond <= a.PerSecond && !tooBig) {
 			if ttl := p.extension(s, now, ttl); ttl > 0 {
-				return p.record(s, a.Strategy, ttl, now, taken), nil
+				return p.settle(ctx, be, s, a.Strategy, ttl, now, taken, hot), nil
+			}
+			if a.paidUntil-now > 2*p.Allowance.Milliseconds() {
+				// Not a second of its rate in the bank yet, but its
+				// paid fills run a while: ask again shortly rather
+				// than cut the Envoy down to what the bank holds now.
+				s.due = now + retrySoon
+				return renewal{taken: taken, wait: true}, nil
 			}
 		}
 	}
@@ -200,33 +201,55 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 		s.bank -= c
 		s.issued += c
 	}
-	return p.record(s, st, ttl, now, taken), nil
+	return p.settle(ctx, be, s, st, ttl, now, taken, hot), nil
 }
 
-// goal is the token bucket s's Envoy should have: its demand with
-// headroom, or, while the shared bucket cannot keep up with that
-// (short), the rate the bucket has been supplying it.
-func (p Policy) goal(s *slot) Strategy {
-	want := p.desired(s.demand, s.cap)
-	if s.short && s.supply < float64(want.PerSecond) {
-		r := uint64(max(1, math.Floor(s.supply)))
-		want = Strategy{PerSecond: r, MaxTokens: min(r, max(s.cap.burst, 1))}
+// settle records st as sent and, when the bucket is contended, gives
+// back to it what s's bank holds beyond a second of st's rate: tokens an
+// Envoy left unused (reclaim) are then another's, wherever it is. A
+// refund that fails keeps them in the bank.
+func (p Policy) settle(ctx context.Context, be backend.Backend, s *slot, st Strategy, ttl time.Duration, now int64, taken uint64, hot bool) renewal {
+	r := p.record(s, st, ttl, now, taken)
+	if keep := st.PerSecond + 1; hot && s.bank > keep {
+		req := s.req
+		req.Refund, req.Hits = true, s.bank-keep
+		if _, err := be.Decide(ctx, &req); err == nil {
+			r.returned = req.Hits
+			s.bank = keep
+		}
 	}
-	return want
+	return r
+}
+
+// contendedHeadroom replaces Policy.Headroom while the shared bucket is
+// short: a token an Envoy holds beyond its demand is one another lacks.
+const contendedHeadroom = 1.05
+
+// goal is the token bucket s's Envoy should have: its demand with
+// headroom, less of it when the bucket is contended (hot).
+func (p Policy) goal(s *slot, hot bool) Strategy {
+	if hot {
+		p.Headroom = contendedHeadroom
+	}
+	return p.desired(s.demand, s.cap)
 }
 
 // keep reports whether s's active bucket should be extended rather than
 // replaced by better, the best new one its tokens afford toward goal. A
 // new bucket throws away what Envoy's holds and starts full, so the
-// active one stands unless it is well above the goal or a new one would
-// be well above it; below the limit it stands while it covers the demand
-// without much waste.
-func (p Policy) keep(s *slot, better, goal Strategy) bool {
+// active one stands while it covers the demand without much waste, and
+// otherwise unless it is well above the goal or a new one would be well
+// above it.
+func (p Policy) keep(s *slot, better, goal Strategy, hot bool) bool {
 	r := float64(s.active.PerSecond)
-	if !s.short && s.demand >= 0 && r >= s.demand && r <= 1.5*p.Headroom*s.demand+1 {
+	waste := 1.5 * p.Headroom
+	if hot {
+		waste = 1.15
+	}
+	if s.demand >= 0 && r >= s.demand && r <= waste*s.demand+1 {
 		return true
 	}
-	return r <= 1.25*float64(goal.PerSecond)+1 && float64(better.PerSecond) < 1.1*r
+	return r <= 1.25*float64(goal.PerSecond)+1 && float64(better.PerSecond) < 1.2*r
 }
 
 // afford is the best bucket tokens pay for toward goal from now: goal
@@ -283,7 +306,7 @@ func (p Policy) record(s *slot, st Strategy, ttl time.Duration, now int64, taken
 	// the refill.
 	lead := p.lead(ttl).Milliseconds()
 	wait := ttl.Milliseconds() - lead
-	if s.short && s.cap.perSecond > 0 {
+	if (s.short || ttl <= p.ShortTTL) && s.cap.perSecond > 0 {
 		// The shared bucket holds at most its burst: a refill left
 		// in it longer than that is cut. Over the limit its takers come
 		// back within half of that time, so none of it is lost.

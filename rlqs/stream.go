@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -104,12 +105,21 @@ func (st *streamState) usage(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsa
 		st.match(s, id)
 		st.svc.stats.buckets.Add(1)
 	}
+	if elapsed >= time.Second {
+		// Envoy's time_elapsed is whole seconds, cut short: 4.9 s of
+		// requests may come as 4 s. The time since this replica heard
+		// the bucket's last report is the better measure when there was
+		// one (the first report of a bucket, with its first request,
+		// says nothing of a rate).
+		span := elapsed.Seconds()
+		if local := float64(now-s.seen) / 1000; s.seen > 0 && local >= span {
+			span = local
+		}
+		s.demand = float64(allowed+denied) / span
+	}
 	s.seen = now
 	s.allowed += allowed
 	s.reclaim(now, o.Policy.Allowance.Milliseconds())
-	if elapsed >= 1e6 { // a millisecond; Envoy sends whole seconds, its first report zero
-		s.demand = float64(allowed+denied) / elapsed.Seconds()
-	}
 	if a := s.active; a != nil && !a.Allow && denied > 0 && float64(a.PerSecond) < s.demand && now-s.early >= 1000 {
 		// Denials beyond what its assignment gives: renew now, not at
 		// its end, so a rise in demand is served within a report.
@@ -169,12 +179,20 @@ func (st *streamState) due(ctx context.Context) *rlqsv3.RateLimitQuotaResponse {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			r, err := svc.opts.Policy.renew(ctx, svc.be, s, now)
+			key := s.req.Entity + "\x00" + s.req.Resource
+			r, err := svc.opts.Policy.renew(ctx, svc.be, s, now, svc.contended(key, now))
+			if s.short {
+				svc.pressure.Add(key, now)
+			}
 			svc.stats.leased.Add(r.taken)
+			svc.stats.returned.Add(r.returned)
 			if err != nil {
 				svc.stats.backendErrors.Add(1)
 				svc.logf(ctx, "backend", "renewing a quota assignment failed; retrying", slog.String("domain", st.domain), slog.String("error", err.Error()))
 				s.due = now + 1000
+				return
+			}
+			if r.wait {
 				return
 			}
 			actions[i] = svc.action(st.ids[k], r)
@@ -187,6 +205,16 @@ func (st *streamState) due(ctx context.Context) *rlqsv3.RateLimitQuotaResponse {
 		}
 	}
 	return resp
+}
+
+// next is when (ms) the earliest renewal of the stream's buckets is
+// due; far ahead when it has none.
+func (st *streamState) next() int64 {
+	next := int64(math.MaxInt64)
+	for _, s := range st.slots {
+		next = min(next, s.due)
+	}
+	return next
 }
 
 // action is the assignment r for the bucket id, as Envoy reads it.

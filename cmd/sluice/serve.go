@@ -29,6 +29,7 @@ import (
 	"github.com/sluice-rl/sluice/backend/redis"
 	"github.com/sluice-rl/sluice/certs"
 	"github.com/sluice-rl/sluice/ratelimit"
+	"github.com/sluice-rl/sluice/rlqs"
 	"github.com/sluice-rl/sluice/telemetry"
 )
 
@@ -68,6 +69,7 @@ type serveOptions struct {
 	tlsCert, tlsKey, tlsClientCA  string
 	input                         ratelimit.InputLimits
 	overload                      admission.Limits
+	rlqs                          rlqsOptions
 	// spanExporter receives spans too, and decorate wraps the backend the
 	// service calls; tests set them, they are no flags.
 	spanExporter sdktrace.SpanExporter
@@ -154,6 +156,9 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.StringVar(&o.tlsCert, "tls-cert", "", "serve gRPC over TLS with this certificate (PEM, intermediates after it); reloaded when the file changes")
 	f.StringVar(&o.tlsKey, "tls-key", "", "the key of --tls-cert (PEM)")
 	f.StringVar(&o.tlsClientCA, "tls-client-ca", "", "require client certificates signed by this CA bundle (mutual TLS); reloaded when the file changes")
+	f.DurationVar(&o.rlqs.ttl, "rlqs-assignment-ttl", 10*time.Second, "quota streams (Envoy's rate_limit_quota filter): how long a token bucket assignment lasts, in whole seconds; every token it can admit is taken from the shared bucket before it is sent")
+	f.IntVar(&o.rlqs.maxStreams, "rlqs-max-streams", 1000, "quota streams: most open at once; one more is refused with RESOURCE_EXHAUSTED")
+	f.IntVar(&o.rlqs.maxBuckets, "rlqs-max-buckets", 10000, "quota streams: most buckets one stream may report; reports of more are refused and counted")
 	in := ratelimit.DefaultInputLimits()
 	f.IntVar(&o.input.MaxDescriptors, "max-descriptors", in.MaxDescriptors, "most descriptors in one request; a request with more is refused with INVALID_ARGUMENT")
 	f.IntVar(&o.input.MaxEntries, "max-entries", in.MaxEntries, "most entries in one descriptor; more is refused with INVALID_ARGUMENT")
@@ -194,6 +199,7 @@ type server struct {
 	// reason to take every replica out of Envoy's endpoints.
 	answered        atomic.Bool
 	service         *ratelimit.Service
+	quota           *rlqs.Service
 	shuttingDown    atomic.Bool
 	shutdownTimeout time.Duration
 	errc            chan error
@@ -261,6 +267,16 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 		NearLimitRatio:  o.nearLimitRatio,
 		Input:           o.input,
 	})
+	quota, err := o.rlqs.service(rules, tel.Backend(o.backend, decider), log)
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	s.quota = quota
+	if err := tel.ObserveQuota(s.quotaStats); err != nil {
+		s.close()
+		return nil, err
+	}
 	if err := tel.ObserveRules(rules.Stats); err != nil {
 		s.close()
 		return nil, err
@@ -306,11 +322,13 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 
 	s.grpc = grpc.NewServer(grpcOpts...)
 	ratelimit.Register(s.grpc, s.service)
+	rlqs.Register(s.grpc, s.quota)
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus("envoy.service.ratelimit.v3.RateLimitService", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus("envoy.service.rate_limit_quota.v3.RateLimitQuotaService", healthpb.HealthCheckResponse_SERVING)
 
 	s.httpSrv = &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { s.errc <- s.grpc.Serve(s.grpcLn) }()
@@ -614,6 +632,7 @@ type configView struct {
 	Rules       []ruleView      `json:"rules"`
 	Reloads     reloadView      `json:"reloads"`
 	Decisions   ratelimit.Stats `json:"decisions"`
+	Quota       rlqs.Stats      `json:"quota_streams"`
 	DynamoDB    *dynamoDBView   `json:"dynamodb,omitempty"`
 	Redis       *redisView      `json:"redis,omitempty"`
 	Overload    overloadView    `json:"overload"`
@@ -721,6 +740,7 @@ func (s *server) describe() configView {
 		Domains:     cfg.Domains(),
 		Reloads:     reloadView{OK: st.OK, Failed: st.Failed, LastError: st.LastError, LastOK: st.LastOK, LastAttempt: st.LastAttempt},
 		Decisions:   svc.Stats(),
+		Quota:       s.quota.Stats(),
 		Overload:    describeOverload(s.admission.Stats()),
 	}
 	if d, ok := be.(*ddb.Backend); ok {

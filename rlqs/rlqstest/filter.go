@@ -1,10 +1,23 @@
 // Package rlqstest drives a quota server as Envoy's rate_limit_quota
 // HTTP filter does: Filter sorts requests into buckets, enforces the
 // assignments the server streams to it, and reports each bucket's
-// allowed and denied counts on one stream. It follows the filter of
-// Envoy 1.37 (source/extensions/filters/http/rate_limit_quota), as
-// docs/rlqs.md describes; it is written from that behaviour, not from its
-// code.
+// allowed and denied counts on one stream. It behaves as the filter's
+// global client on Envoy's main branch does (global_client_impl.cc at
+// commit c33e7f8, 2026), as docs/rlqs.md describes; it is written from
+// that behaviour, not from its code:
+//
+//   - a bucket's first request is reported at once (one request, zero
+//     time elapsed); every bucket is then reported each reporting
+//     interval, on one timer started by the first bucket, with the time
+//     since its last report cut to whole seconds;
+//   - a token bucket assignment refills continuously at tokens_per_fill
+//     over fill_interval in whole seconds (under a second: no limit);
+//     one equal to the bucket in force (max_tokens, tokens_per_fill and
+//     the fill interval's nanoseconds) keeps its tokens, another starts
+//     as full, in proportion, as the one it replaces, or full;
+//   - an assignment expires its TTL's whole seconds after it arrives;
+//     the bucket then follows the expired behaviour, then the
+//     no-assignment one; an abandon action forgets the bucket.
 package rlqstest
 
 import (
@@ -63,8 +76,10 @@ type Action struct {
 type Filter struct {
 	opts   Options
 	stream grpc.BidiStreamingClient[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]
+	ctx    context.Context
 	cancel context.CancelFunc
 	now    func() time.Time
+	timer  sync.Once // the reporting timer starts with the first bucket
 
 	mu       sync.Mutex
 	buckets  map[string]*fbucket
@@ -80,7 +95,7 @@ type fbucket struct {
 	allowed, denied  uint64 // since the last report
 	lastReport       time.Time
 	assigned         bool
-	expires          time.Time // zero: never
+	expires          time.Time
 	allow, deny      bool
 	tokens, max      float64
 	rate             float64 // tokens a second
@@ -101,10 +116,9 @@ func Dial(ctx context.Context, conn grpc.ClientConnInterface, opts Options) (*Fi
 		cancel()
 		return nil, err
 	}
-	f := &Filter{opts: opts, stream: stream, cancel: cancel, now: time.Now,
+	f := &Filter{opts: opts, stream: stream, ctx: ctx, cancel: cancel, now: time.Now,
 		buckets: map[string]*fbucket{}, done: make(chan struct{})}
 	go f.receive()
-	go f.reportEvery(ctx)
 	return f, nil
 }
 
@@ -162,6 +176,7 @@ func (f *Filter) Request(id map[string]string) bool {
 	}
 	f.mu.Unlock()
 	if first1 != nil {
+		f.timer.Do(func() { go f.reportEvery(f.ctx) })
 		f.send(first1)
 	}
 	return ok
@@ -172,7 +187,7 @@ func (b *fbucket) admit(now time.Time, o Options) bool {
 	if !b.assigned {
 		return o.NoAssignment == AllowAll
 	}
-	if !b.expires.IsZero() && !now.Before(b.expires) {
+	if !now.Before(b.expires) {
 		return o.Expired == AllowAll
 	}
 	switch {
@@ -181,13 +196,18 @@ func (b *fbucket) admit(now time.Time, o Options) bool {
 	case b.deny:
 		return false
 	}
-	b.tokens = min(b.max, b.tokens+b.rate*now.Sub(b.refilledAt).Seconds())
-	b.refilledAt = now
+	b.refill(now)
 	if b.tokens >= 1 {
 		b.tokens--
 		return true
 	}
 	return false
+}
+
+// refill adds what the bucket's rate made since it was last refilled.
+func (b *fbucket) refill(now time.Time) {
+	b.tokens = min(b.max, b.tokens+b.rate*now.Sub(b.refilledAt).Seconds())
+	b.refilledAt = now
 }
 
 // Totals returns what the filter admitted and denied in id's bucket since
@@ -308,22 +328,27 @@ func (f *Filter) apply(a *rlqsv3.RateLimitQuotaResponse_BucketAction, now time.T
 	default:
 		act.Allow = true
 	}
-	live := b.assigned && (b.expires.IsZero() || now.Before(b.expires))
-	same := live && b.allow == act.Allow && b.deny == act.Deny && uint64(b.max) == act.MaxTokens &&
-		b.perFill == act.PerFill && b.fill == act.Fill
+	wasBucket := b.assigned && !b.allow && !b.deny && now.Before(b.expires)
+	tokenBucket := !act.Allow && !act.Deny
+	same := wasBucket && tokenBucket && uint64(b.max) == act.MaxTokens && b.perFill == act.PerFill &&
+		b.fill.Nanoseconds()%1e9 == act.Fill.Nanoseconds()%1e9
 	if !same {
-		b.assigned, b.allow, b.deny = true, act.Allow, act.Deny
-		b.max, b.tokens, b.refilledAt = float64(act.MaxTokens), float64(act.MaxTokens), now
+		start := float64(act.MaxTokens)
+		if wasBucket && b.max > 0 {
+			b.refill(now)
+			start *= b.tokens / b.max
+		}
+		b.allow, b.deny = act.Allow, act.Deny
+		b.max, b.tokens, b.refilledAt = float64(act.MaxTokens), start, now
 		b.perFill, b.fill = act.PerFill, act.Fill
 		b.rate = 0
-		if act.Fill >= time.Second {
-			b.rate = float64(act.PerFill) / act.Fill.Seconds()
-		} else if !act.Allow && !act.Deny {
-			b.allow = true // a fill interval under a second: unlimited
+		if whole := act.Fill.Truncate(time.Second); whole >= time.Second {
+			b.rate = float64(act.PerFill) / whole.Seconds()
+		} else if tokenBucket {
+			b.allow = true // a fill interval under a second: no limit
 		}
 	}
-	b.expires = time.Time{}
-	if act.TTL > 0 {
-		b.expires = now.Add(act.TTL)
-	}
+	b.assigned = true
+	// The TTL's whole seconds from now; none (or zero) expires at once.
+	b.expires = now.Add(act.TTL.Truncate(time.Second))
 }
