@@ -17,8 +17,9 @@ type QuotaStats struct {
 	// kind; Abandoned the buckets abandoned.
 	TokenBuckets, DenyAll, AllowAll, Abandoned uint64
 	// Leased counts the tokens taken from shared buckets for assignments,
-	// Stranded those lost with a stream or an abandoned bucket.
-	Leased, Stranded uint64
+	// Stranded those lost with a stream or an abandoned bucket, Returned
+	// those given back unused while the bucket was contended.
+	Leased, Stranded, Returned uint64
 	// Refused counts usage reports refused; BackendErrors renewals the
 	// backend failed.
 	Refused, BackendErrors uint64
@@ -27,7 +28,8 @@ type QuotaStats struct {
 // ObserveQuota reports a replica's quota streams: sluice_rlqs_streams,
 // sluice_rlqs_buckets, sluice_rlqs_assignments_total{kind},
 // sluice_rlqs_abandoned_total, sluice_rlqs_tokens_leased_total,
-// sluice_rlqs_tokens_stranded_total, sluice_rlqs_reports_refused_total
+// sluice_rlqs_tokens_stranded_total, sluice_rlqs_tokens_returned_total,
+// sluice_rlqs_reports_refused_total
 // and sluice_rlqs_backend_errors_total.
 func (t *Telemetry) ObserveQuota(stats func() QuotaStats) error {
 	m := t.meter
@@ -43,11 +45,13 @@ func (t *Telemetry) ObserveQuota(stats func() QuotaStats) error {
 		metric.WithDescription("Tokens taken from shared buckets for assignments, before they were sent."))
 	stranded, err6 := m.Int64ObservableCounter("sluice.rlqs.tokens_stranded", metric.WithUnit("{token}"),
 		metric.WithDescription("Tokens taken for streams that ended, or buckets abandoned, before their Envoy could have admitted them: under-admission, counted high."))
+	returned, err9 := m.Int64ObservableCounter("sluice.rlqs.tokens_returned", metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens given back to shared buckets: what an Envoy's reports showed it could no longer use, while another Envoy lacked tokens."))
 	refused, err7 := m.Int64ObservableCounter("sluice.rlqs.reports_refused", metric.WithUnit("{report}"),
 		metric.WithDescription("Bucket usage reports refused: a bad bucket id, an absurd count, a stream over its bucket limit."))
 	errs, err8 := m.Int64ObservableCounter("sluice.rlqs.backend_errors", metric.WithUnit("{error}"),
 		metric.WithDescription("Assignment renewals the backend failed; each is retried a second later while the assignment in force runs."))
-	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8} {
+	for _, err := range []error{err1, err2, err3, err4, err5, err6, err7, err8, err9} {
 		if err != nil {
 			return err
 		}
@@ -63,9 +67,10 @@ func (t *Telemetry) ObserveQuota(stats func() QuotaStats) error {
 		o.ObserveInt64(abandoned, int64(s.Abandoned))
 		o.ObserveInt64(leased, int64(s.Leased))
 		o.ObserveInt64(stranded, int64(s.Stranded))
+		o.ObserveInt64(returned, int64(s.Returned))
 		o.ObserveInt64(refused, int64(s.Refused))
 		o.ObserveInt64(errs, int64(s.BackendErrors))
 		return nil
-	}, streams, buckets, assignments, abandoned, leased, stranded, refused, errs)
+	}, streams, buckets, assignments, abandoned, leased, stranded, returned, refused, errs)
 	return err
 }

@@ -86,7 +86,7 @@ func newRootCommand() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newServeCommand(), newCheckCommand(), newTableCommand(), newHealthCommand(),
-		newLimitsCommand(), newEntityCommand(), newBucketsCommand(), newSyncCommand(), newSharesCommand())
+		newLimitsCommand(), newEntityCommand(), newBucketsCommand(), newSyncCommand(), newSharesCommand(), newQuotaCommand())
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		return flagsFromEnv(cmd.Flags())
 	}

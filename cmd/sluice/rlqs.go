@@ -37,5 +37,5 @@ func (s *server) quotaStats() telemetry.QuotaStats {
 	st := s.quota.Stats()
 	return telemetry.QuotaStats{Streams: st.Streams, Buckets: st.Buckets,
 		TokenBuckets: st.TokenBuckets, DenyAll: st.DenyAll, AllowAll: st.AllowAll, Abandoned: st.Abandoned,
-		Leased: st.Leased, Stranded: st.Stranded, Refused: st.Refused, BackendErrors: st.BackendErrors}
+		Leased: st.Leased, Stranded: st.Stranded, Returned: st.Returned, Refused: st.Refused, BackendErrors: st.BackendErrors}
 }
