@@ -577,6 +577,7 @@ func TestEveryEnvoyConfigIsChecked(t *testing.T) {
 		"examples/envoy-gateway/gateway.yaml":              true, // TestEnvoyGatewayDemo
 		"examples/envoy-gateway/backend.yaml":              true, // TestEnvoyGatewayDemo
 		"examples/envoy-gateway/policy.yaml":               true, // TestEnvoyGatewayDemo
+		"examples/rlqs/envoy.yaml":                         true, // TestRLQSExampleIsValid
 	}
 	envoyish := regexp.MustCompile(`(?m)kind:\s*EnvoyFilter|typed_config|static_resources|envoy\.filters\.|apiVersion:`)
 	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {

@@ -18,8 +18,9 @@ import (
 
 func newQuotaCommand() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "quota",
-		Short: "Look at Sluice's quota service as Envoy's rate_limit_quota filter sees it",
+		Use:     "quota",
+		Short:   "Look at Sluice's quota service as Envoy's rate_limit_quota filter sees it",
+		Example: `  sluice quota watch --domain quota --bucket api=search,tenant=acme`,
 	}
 	cmd.AddCommand(newQuotaWatchCommand())
 	return cmd
