@@ -301,3 +301,171 @@ func TestFleetOnRedis(t *testing.T) {
 	}
 	shiftingDemand(t, conns, svcs...)
 }
+
+// counting counts the takes a backend makes: its decisions that
+// consumed, each a write of the shared bucket (a denied one writes
+// nothing).
+type counting struct {
+	backend.Backend
+	takes atomic.Int64
+}
+
+func (c *counting) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
+	d, err := c.Backend.Decide(ctx, req)
+	if err == nil && d.Allowed && req.Hits > 0 && !req.Refund {
+		c.takes.Add(1)
+	}
+	return d, err
+}
+
+// denied sums what Envoys denied over seconds [from, to).
+func (f *fleet) denied(envoys []int, from, to int) uint64 {
+	var n uint64
+	for _, i := range envoys {
+		for s := from; s < to; s++ {
+			n += f.asked[i][s] - f.allowed[i][s]
+		}
+	}
+	return n
+}
+
+// Below the limit, steady demand is never denied once its first report
+// is in; an Envoy whose demand steps up is served within two reporting
+// intervals; and a bucket costs each Envoy one backend write per
+// assignment, an assignment every 6 to 8 s while its demand is steady.
+func TestBelowTheLimit(t *testing.T) {
+	t.Parallel()
+	be := &counting{Backend: memory.New(memory.Options{})}
+	defer be.Backend.(*memory.Backend).Close()
+	svc, conn := replica(t, rules(t, 1000), be)
+	const n, seconds, step = 10, 30, 12
+	f := newFleet(t, []*grpc.ClientConn{conn}, n, seconds)
+	var takes, sent [seconds + 1]int64
+	f.run(func(sec int) {
+		takes[sec], sent[sec] = be.takes.Load(), int64(svc.Stats().TokenBuckets)
+		switch sec {
+		case 0:
+			for i := range n {
+				f.demand[i].Store(50)
+			}
+		case step:
+			f.demand[0].Store(300)
+		}
+	})
+	takes[seconds], sent[seconds] = be.takes.Load(), int64(svc.Stats().TokenBuckets)
+	others := all(n)[1:]
+	if d := f.denied(all(n), 7, step); d > 0 {
+		t.Errorf("%d requests denied below the limit, from the first report to the step", d)
+	}
+	if d := f.denied(others, 7, seconds); d > 0 {
+		t.Errorf("%d requests of the steady Envoys denied below the limit", d)
+	}
+	if d := f.denied([]int{0}, step+10, seconds); d > 0 {
+		t.Errorf("envoy 0 still denied %d requests two reporting intervals after its step", d)
+	}
+	// From 20 s on every Envoy's demand is steady and its assignments
+	// are extended: a write each, every 6 to 8 s.
+	writes, assigned := takes[seconds]-takes[20], sent[seconds]-sent[20]
+	perEnvoy := float64(writes) / n / float64(seconds-20) * 10
+	t.Logf("from 20 s to %d s: %d takes for %d assignments, %.2f takes per Envoy per 10 s", seconds, writes, assigned, perEnvoy)
+	if writes > assigned {
+		t.Errorf("%d backend writes for %d assignments sent: want at most one each", writes, assigned)
+	}
+	if perEnvoy > 10.0/6+0.5 {
+		t.Errorf("%.2f backend writes per Envoy per 10 s, want an assignment every 6 to 8 s", perEnvoy)
+	}
+}
+
+// Envoys whose streams break every 10 s, reconnecting to another replica
+// and keeping their assignments meanwhile as Envoy does: the bound holds,
+// and what the ended streams held is counted as stranded.
+func TestReconnectingEnvoys(t *testing.T) {
+	t.Parallel()
+	be := memory.New(memory.Options{}) // three replicas on one store
+	defer be.Close()
+	r := rules(t, 1000)
+	var conns []*grpc.ClientConn
+	var svcs []*rlqs.Service
+	for range 3 {
+		svc, conn := replica(t, r, be)
+		conns, svcs = append(conns, conn), append(svcs, svc)
+	}
+	const n, rate = 6, 1000
+	seconds, _ := fleetSeconds()
+	f := newFleet(t, conns, n, seconds)
+	f.run(func(sec int) {
+		if sec == 0 {
+			for i := range n {
+				f.demand[i].Store(300) // 1.8 times the limit
+			}
+		}
+		if sec > 0 && sec%10 == 0 {
+			for i, e := range f.envoys {
+				if err := e.Reconnect(conns[(i+sec/10)%len(conns)]); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+	})
+	elapsed := time.Since(f.start).Seconds()
+	total := f.admitted(all(n), 0, seconds)
+	var stranded uint64
+	for _, s := range svcs {
+		stranded += s.Stats().Stranded
+	}
+	bound := uint64(rate + rate*elapsed + 1)
+	t.Logf("admitted %d in %.1f s (%.3f of the bound %d); %d tokens stranded", total, elapsed, float64(total)/float64(bound), bound, stranded)
+	if total > bound {
+		t.Errorf("admitted %d, over the bound B + R*T + 1 = %d", total, bound)
+	}
+	if stranded == 0 {
+		t.Error("no tokens counted stranded after streams ended")
+	}
+}
+
+// A bucket whose Envoy reports no requests in it for the idle time is
+// abandoned: Envoy forgets it, the replica counts it, and a request in it
+// later starts it afresh.
+func TestIdleBucketIsAbandoned(t *testing.T) {
+	t.Parallel()
+	be := memory.New(memory.Options{})
+	defer be.Close()
+	svc := rlqs.New(rules(t, 1000), be, rlqs.Options{Policy: rlqs.Policy{Idle: 3 * time.Second}})
+	srv := grpc.NewServer()
+	rlqs.Register(srv, svc)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	abandoned := make(chan struct{}, 1)
+	f, err := rlqstest.Dial(context.Background(), conn, rlqstest.Options{Domain: "quota",
+		ReportInterval: time.Second, NoAssignment: rlqstest.DenyAll, Expired: rlqstest.DenyAll,
+		OnAssignment: func(a rlqstest.Action) {
+			if a.Abandon {
+				abandoned <- struct{}{}
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.Request(bucketID)
+	select {
+	case <-abandoned:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the idle bucket was not abandoned within 15 s")
+	}
+	if st := svc.Stats(); st.Abandoned != 1 || st.Buckets != 0 || st.Stranded == 0 {
+		t.Errorf("after the abandon: %+v", st)
+	}
+	if a, _ := f.Totals(bucketID); a != 0 {
+		t.Errorf("the filter still holds the abandoned bucket")
+	}
+}

@@ -242,6 +242,7 @@ func TestStreamThatNeverReads(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}()
+	eventually(t, 10*time.Second, func() bool { return svc.Stats().Buckets > 0 })
 	eventually(t, 20*time.Second, func() bool { return svc.Stats().Streams == 0 })
 	took := time.Since(start)
 	t.Logf("the stream ended %v after it began", took.Round(100*time.Millisecond))

@@ -33,8 +33,9 @@ type Policy struct {
 	// reported (1.25): steady demand is never denied, and a rise of a
 	// quarter is absorbed until the next report.
 	Headroom float64
-	// Idle is how long a bucket may go unreported before it is abandoned
-	// (30 s): Envoy forgets it, and the replica its assignment.
+	// Idle is how long a bucket may go without requests (reported with
+	// none, or not reported) before it is abandoned (30 s): Envoy
+	// forgets it, and the replica its assignment.
 	Idle time.Duration
 }
 
@@ -90,11 +91,12 @@ func capacityOf(limits []bucket.Limit) (c capacity, ok bool) {
 
 // desired is the token bucket an Envoy asking demand requests a second
 // (negative: not reported yet) should get under c: its demand with
-// headroom, a second of it as burst. Before any report it gets a
-// quarter of the limit, for a short TTL, and its next report sizes it.
+// headroom. Before any report it gets an eighth of the limit, for a
+// short TTL, and its next report sizes it: Envoys that start together
+// do not ask many times the limit between them.
 func (p Policy) desired(demand float64, c capacity) Strategy {
 	if demand < 0 {
-		demand = c.perSecond / 4 / p.Headroom
+		demand = c.perSecond / 8 / p.Headroom
 	}
 	// Absurd reports (2^64-1 requests) ask at most what the limit could
 	// ever give in a TTL; the take trims it to what the bucket holds.

@@ -37,6 +37,10 @@ type slot struct {
 	ttl    time.Duration // of active
 	due    int64         // ms: when it is renewed
 	seen   int64         // ms: the last report naming it
+	// busy is when (ms) a report last counted requests in it: a bucket
+	// reported idle for Policy.Idle is abandoned (Envoy reports every
+	// bucket it holds, busy or not).
+	busy int64
 	// early is when (ms) a report last brought the renewal forward.
 	early int64
 	// short: the last take found the shared bucket unable to give all
@@ -106,7 +110,7 @@ type renewal struct {
 // retrySoon is how long (ms) a renewal that could not pay for its
 // active bucket's next second waits before it asks the shared bucket
 // again.
-const retrySoon = 100
+const retrySoon = 250
 
 // renew decides the next assignment of s at now, taking from be what it
 // needs, and records it as sent. On an error s is unchanged but for
@@ -135,28 +139,46 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 	}
 	// Over the limit the shared bucket holds little more than its refill
 	// since the last take: asking for a whole TTL of fills would find it
-	// short every time. A short bucket is asked for a short TTL.
+	// short every time. A contended bucket is asked for a short TTL.
+	hot := contended || s.short
 	ttl := p.TTL
-	if s.short || s.demand < 0 {
-		// Short, or the demand is not known yet: ask again soon.
+	if hot || s.demand < 0 {
+		// Contended, or the demand is not known yet: ask again soon.
 		ttl = p.ShortTTL
 	}
 	until := now + (ttl + p.Allowance).Milliseconds()
-	hot := contended || s.short
 	goal := p.goal(s, hot)
 	var credit uint64 // what replacing the active bucket gives back
-	if a := s.active; a != nil && !a.Allow {
+	a := s.active
+	if a != nil && !a.Allow {
 		credit = unpaidFills(a.PerSecond, now, a.paidUntil)
 	}
-	// The bank is filled to what goal would cost as a new bucket, even
-	// when the active one is only extended: refill it does not use would
-	// otherwise be cut by the shared bucket's burst, and the next renewal
-	// can raise the rate with it.
+	// What to ask for: the active bucket's fills to the end of the TTL
+	// when it will likely be extended, else a new bucket of the goal.
+	// While the bucket is contended the bank is also filled to what a
+	// new one would cost, so that refill the active one does not use is
+	// not cut by the shared bucket's burst, and the next renewal can
+	// raise the rate with it. short is judged against the least that
+	// serves: a second of the active rate, or the goal for the short TTL.
+	// A bucket that merely cannot pay a whole TTL at once (its burst is
+	// smaller) is not short: the TTL then grows renewal by renewal.
+	extending := a != nil && !a.Allow && a.PerSecond > 0 && now < a.expires &&
+		(hot || (s.demand >= 0 && float64(a.PerSecond) >= s.demand))
+	fresh := goal.MaxTokens + fills(goal.PerSecond, now, until)
+	ask, least := fresh, goal.MaxTokens+fills(goal.PerSecond, now, now+(p.ShortTTL+p.Allowance).Milliseconds())
+	have := s.bank + credit
+	if extending {
+		ask = fills(a.PerSecond, a.paidUntil, until)
+		least = fills(a.PerSecond, a.paidUntil, now+(time.Second+p.Allowance).Milliseconds())
+		have = s.bank
+		if hot {
+			ask = max(ask, fresh)
+		}
+	}
 	debt := s.debt()
 	var taken uint64
-	if need := goal.MaxTokens + fills(goal.PerSecond, now, until) + debt; need > s.bank+credit {
-		asked := need - s.bank - credit
-		got, d, err := take(ctx, be, s.req, asked)
+	if need := ask + debt; need > have {
+		got, d, err := take(ctx, be, s.req, need-have)
 		s.bank += got
 		taken = got
 		if err != nil {
@@ -170,10 +192,8 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 			return p.record(s, Strategy{Allow: true}, p.TTL, now, taken), nil
 		}
 		s.cap, _ = capacityOf(d.Limits)
-		s.short = got < asked
-	} else {
-		s.short = false
 	}
+	s.short = have+taken < least+debt
 	paid := min(s.bank, debt)
 	s.bank -= paid
 	s.issued += paid

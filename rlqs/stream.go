@@ -118,6 +118,9 @@ func (st *streamState) usage(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsa
 		s.demand = float64(allowed+denied) / span
 	}
 	s.seen = now
+	if allowed+denied > 0 || s.busy == 0 {
+		s.busy = now
+	}
 	s.allowed += allowed
 	s.reclaim(now, o.Policy.Allowance.Milliseconds())
 	if a := s.active; a != nil && !a.Allow && denied > 0 && float64(a.PerSecond) < s.demand && now-s.early >= 1000 {
@@ -155,7 +158,7 @@ func (st *streamState) due(ctx context.Context) *rlqsv3.RateLimitQuotaResponse {
 	var keys []string
 	for k, s := range st.slots {
 		switch {
-		case now-s.seen > svc.opts.Policy.Idle.Milliseconds():
+		case now-s.busy > svc.opts.Policy.Idle.Milliseconds():
 			svc.stats.stranded.Add(s.outstanding(now))
 			svc.stats.abandon.Add(1)
 			svc.stats.buckets.Add(-1)

@@ -31,6 +31,8 @@ import (
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -74,19 +76,23 @@ type Action struct {
 // Filter is one Envoy's rate_limit_quota filter and its stream. Safe for
 // concurrent use.
 type Filter struct {
-	opts   Options
-	stream grpc.BidiStreamingClient[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]
-	ctx    context.Context
-	cancel context.CancelFunc
-	now    func() time.Time
-	timer  sync.Once // the reporting timer starts with the first bucket
+	opts Options
+	now  func() time.Time
+	// life ends with Close: the reporting timer runs until then, across
+	// streams.
+	life  context.Context
+	end   context.CancelFunc
+	timer sync.Once // the reporting timer starts with the first bucket
 
-	mu       sync.Mutex
-	buckets  map[string]*fbucket
-	sendMu   sync.Mutex // one report at a time on the stream
+	mu      sync.Mutex
+	buckets map[string]*fbucket
+
+	sendMu   sync.Mutex // guards the stream fields; one report at a time
+	stream   grpc.BidiStreamingClient[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]
+	cancel   context.CancelFunc // the stream's
+	done     chan struct{}      // closed when the stream's receiver stops
+	err      error              // why it stopped
 	sentOnce bool
-	done     chan struct{}
-	err      error
 }
 
 // fbucket is one bucket of the filter's cache.
@@ -110,30 +116,65 @@ func Dial(ctx context.Context, conn grpc.ClientConnInterface, opts Options) (*Fi
 	if opts.ReportInterval <= 0 {
 		opts.ReportInterval = 5 * time.Second
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
-	if err != nil {
-		cancel()
+	life, end := context.WithCancel(ctx)
+	f := &Filter{opts: opts, now: time.Now, life: life, end: end, buckets: map[string]*fbucket{}}
+	if err := f.open(conn); err != nil {
+		end()
 		return nil, err
 	}
-	f := &Filter{opts: opts, stream: stream, ctx: ctx, cancel: cancel, now: time.Now,
-		buckets: map[string]*fbucket{}, done: make(chan struct{})}
-	go f.receive()
 	return f, nil
 }
 
-// Close ends the stream.
+// open starts a stream on conn and its receiver.
+func (f *Filter) open(conn grpc.ClientConnInterface) error {
+	ctx, cancel := context.WithCancel(f.life)
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		cancel()
+		return err
+	}
+	done := make(chan struct{})
+	f.sendMu.Lock()
+	f.stream, f.cancel, f.done, f.err, f.sentOnce = stream, cancel, done, nil, false
+	f.sendMu.Unlock()
+	go f.receive(stream, done)
+	return nil
+}
+
+// Reconnect ends the stream and opens another on conn, as Envoy does
+// when its stream breaks: the buckets and their assignments stay, and
+// the next periodic report names them all on the new stream.
+func (f *Filter) Reconnect(conn grpc.ClientConnInterface) error {
+	f.stop()
+	return f.open(conn)
+}
+
+// stop ends the stream and waits for its receiver.
+func (f *Filter) stop() {
+	f.sendMu.Lock()
+	cancel, done := f.cancel, f.done
+	f.sendMu.Unlock()
+	cancel()
+	<-done
+}
+
+// Close ends the stream and the filter.
 func (f *Filter) Close() error {
-	f.cancel()
-	<-f.done
+	f.end()
+	f.stop()
 	return nil
 }
 
 // Err is why the stream ended, nil while it runs or after Close.
 func (f *Filter) Err() error {
+	f.sendMu.Lock()
+	done := f.done
+	f.sendMu.Unlock()
 	select {
-	case <-f.done:
-		if errors.Is(f.err, context.Canceled) {
+	case <-done:
+		f.sendMu.Lock()
+		defer f.sendMu.Unlock()
+		if errors.Is(f.err, context.Canceled) || status.Code(f.err) == codes.Canceled {
 			return nil
 		}
 		return f.err
@@ -176,7 +217,7 @@ func (f *Filter) Request(id map[string]string) bool {
 	}
 	f.mu.Unlock()
 	if first1 != nil {
-		f.timer.Do(func() { go f.reportEvery(f.ctx) })
+		f.timer.Do(func() { go f.reportEvery() })
 		f.send(first1)
 	}
 	return ok
@@ -249,15 +290,14 @@ func (f *Filter) send(m *rlqsv3.RateLimitQuotaUsageReports) {
 	_ = f.stream.Send(m) // a broken stream ends receive, which records why
 }
 
-// reportEvery reports every bucket of the cache each interval.
-func (f *Filter) reportEvery(ctx context.Context) {
+// reportEvery reports every bucket of the cache each interval, on
+// whatever stream is open, until Close.
+func (f *Filter) reportEvery() {
 	t := time.NewTicker(f.opts.ReportInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-ctx.Done():
-			return
-		case <-f.done:
+		case <-f.life.Done():
 			return
 		case <-t.C:
 		}
@@ -275,13 +315,17 @@ func (f *Filter) reportEvery(ctx context.Context) {
 	}
 }
 
-// receive applies the server's actions until the stream ends.
-func (f *Filter) receive() {
-	defer close(f.done)
+// receive applies the actions that come on stream until it ends.
+func (f *Filter) receive(stream grpc.BidiStreamingClient[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse], done chan struct{}) {
+	defer close(done)
 	for {
-		resp, err := f.stream.Recv()
+		resp, err := stream.Recv()
 		if err != nil {
-			f.err = err
+			f.sendMu.Lock()
+			if f.done == done {
+				f.err = err
+			}
+			f.sendMu.Unlock()
 			return
 		}
 		now := f.now()
