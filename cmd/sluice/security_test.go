@@ -208,12 +208,14 @@ func TestServeDefaultsKeepDebugEndpointsLocal(t *testing.T) {
 		}
 	}
 
-	// The gRPC port serves the rate-limit service, health and reflection,
-	// and no admin service (channelz, CSDS...) besides.
+	// The gRPC port serves the rate-limit service, the quota service,
+	// health and reflection, and no admin service (channelz, CSDS...)
+	// besides.
 	conn := dialConn(t, addrs["grpc"])
 	services := strings.Fields(listServices(t, conn))
 	slices.Sort(services)
-	want := []string{"envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health",
+	want := []string{"envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+		"envoy.service.ratelimit.v3.RateLimitService", "grpc.health.v1.Health",
 		"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"}
 	if !slices.Equal(services, want) {
 		t.Errorf("gRPC services %v, want %v", services, want)
