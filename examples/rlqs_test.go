@@ -3,7 +3,6 @@ package examples
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"os"
 	"testing"
 	"time"
@@ -15,7 +14,6 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluice-rl/sluice/backend/memory"
@@ -160,19 +158,8 @@ func TestRLQSExampleWithSluice(t *testing.T) {
 	}
 	be := memory.New(memory.Options{})
 	defer be.Close()
-	srv := grpc.NewServer()
-	rlqs.Register(srv, rlqs.New(staticRules{rules}, be, rlqs.Options{}))
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Stop()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	svc := rlqs.New(rlqstest.Rules{Config: rules}, be, rlqs.Options{})
+	conn := rlqstest.Serve(t, func(s *grpc.Server) { rlqs.Register(s, svc) })
 
 	got := make(chan rlqstest.Action, 16)
 	f, err := rlqstest.Dial(context.Background(), conn, rlqstest.Options{Domain: ex.domain,
@@ -204,7 +191,3 @@ func TestRLQSExampleWithSluice(t *testing.T) {
 		}
 	}
 }
-
-type staticRules struct{ cfg *descriptors.Config }
-
-func (r staticRules) Current() *descriptors.Config { return r.cfg }

@@ -3,7 +3,6 @@ package rlqs_test
 import (
 	"context"
 	"math"
-	"net"
 	"runtime"
 	"strconv"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -23,26 +21,11 @@ import (
 
 // serveWith is a quota service with opts over a memory backend on a
 // loopback port, and a connection to it.
-func serveWith(t *testing.T, opts rlqs.Options) (*rlqs.Service, *grpc.ClientConn) {
+func serveWith(t *testing.T, opts rlqs.Options, dial ...grpc.DialOption) (*rlqs.Service, *grpc.ClientConn) {
 	t.Helper()
 	be := memory.New(memory.Options{})
 	t.Cleanup(func() { be.Close() })
-	svc := rlqs.New(rules(t, 1000), be, opts)
-	srv := grpc.NewServer(grpc.MaxRecvMsgSize(16 << 20))
-	rlqs.Register(srv, svc)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(16<<20)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return svc, conn
+	return replica(t, rules(t, 1000), be, opts, dial...)
 }
 
 func usage(id map[string]string, elapsed time.Duration, allowed, denied uint64) *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage {
@@ -213,15 +196,10 @@ func TestBucketsInBoundedMemory(t *testing.T) {
 // response has waited StallTimeout, and what its buckets held is counted
 // as stranded.
 func TestStreamThatNeverReads(t *testing.T) {
-	svc, fast := serveWith(t, rlqs.Options{StallTimeout: 2 * time.Second})
 	// A fixed 64 KiB window: gRPC would otherwise grow it to take in
 	// megabytes the application never reads.
-	conn, err := grpc.NewClient(fast.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	svc, conn := serveWith(t, rlqs.Options{StallTimeout: 2 * time.Second},
 		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := time.Now()

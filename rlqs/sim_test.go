@@ -12,30 +12,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-rl/sluice/backend/memory"
-	"github.com/sluice-rl/sluice/descriptors"
+	"github.com/sluice-rl/sluice/rlqs/rlqstest"
 )
-
-// staticRules serves one config.
-type staticRules struct{ cfg *descriptors.Config }
-
-func (r staticRules) Current() *descriptors.Config { return r.cfg }
-
-// quotaRules is one domain, "quota", whose bucket {api: <any>} is
-// limited to rate a second with a burst of as much.
-func quotaRules(t testing.TB, rate int) staticRules {
-	t.Helper()
-	cfg, err := descriptors.Parse(map[string][]byte{"quota.yaml": fmt.Appendf(nil, `
-domain: quota
-descriptors:
-  - key: api
-    rate_limit: {unit: second, requests_per_unit: %d}
-  - key: open
-`, rate)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return staticRules{cfg}
-}
 
 // envoyModel is one Envoy's bucket as its filter keeps it: no
 // assignment denies (the setting the bound needs), an assignment equal to
@@ -125,7 +103,7 @@ func simulateBound(t *testing.T, seed uint64) {
 	clock := func() int64 { return now }
 	be := memory.New(memory.Options{Now: clock, SweepInterval: -1})
 	defer be.Close()
-	svc := New(quotaRules(t, rate), be, Options{Now: clock})
+	svc := New(rlqstest.OneLimit(t, rate), be, Options{Now: clock})
 	ctx := context.Background()
 
 	n := 2 + rng.IntN(9)
@@ -180,17 +158,7 @@ func simulateBound(t *testing.T, seed uint64) {
 			e.allowed += got
 			e.denied += want - got
 			if first || now-e.reported >= 5000 {
-				elapsed := (time.Duration(now-e.reported) * time.Millisecond).Truncate(time.Second)
-				if first {
-					elapsed = 0
-				}
-				if err := e.st.report(&rlqsv3.RateLimitQuotaUsageReports{Domain: "quota",
-					BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
-						BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(elapsed),
-						NumRequestsAllowed: e.allowed, NumRequestsDenied: e.denied}}}); err != nil {
-					t.Fatal(err)
-				}
-				e.allowed, e.denied, e.reported = 0, 0, now
+				simReport(t, e.st, id, now, &e.reported, &e.allowed, &e.denied, first)
 			}
 			if resp := e.st.due(ctx); len(resp.BucketAction) > 0 {
 				e.pending = append(e.pending, delivery{at: now + int64(rng.IntN(900)), actions: resp.BucketAction})
@@ -227,6 +195,24 @@ func simulateBound(t *testing.T, seed uint64) {
 		n, admitted, (now-start)/1000, float64(overAllowed)/math.Max(overDemand, 1), svc.stats.leased.Load(), svc.stats.stranded.Load())
 }
 
+// simReport reports id's counts since *reported to st at now, as Envoy
+// does (whole seconds elapsed; none on a bucket's first report), and
+// starts the next report's counts.
+func simReport(t *testing.T, st *streamState, id map[string]string, now int64, reported *int64, allowed, denied *uint64, first bool) {
+	t.Helper()
+	elapsed := (time.Duration(now-*reported) * time.Millisecond).Truncate(time.Second)
+	if first {
+		elapsed = 0
+	}
+	if err := st.report(&rlqsv3.RateLimitQuotaUsageReports{Domain: "quota",
+		BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+			BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(elapsed),
+			NumRequestsAllowed: *allowed, NumRequestsDenied: *denied}}}); err != nil {
+		t.Fatal(err)
+	}
+	*allowed, *denied, *reported = 0, 0, now
+}
+
 type delivery struct {
 	at      int64
 	actions []*rlqsv3.RateLimitQuotaResponse_BucketAction
@@ -245,7 +231,7 @@ func TestGreedyEnvoysMeetTheBoundExactly(t *testing.T) {
 			clock := func() int64 { return now }
 			be := memory.New(memory.Options{Now: clock, SweepInterval: -1})
 			defer be.Close()
-			svc := New(quotaRules(t, rate), be, Options{Now: clock})
+			svc := New(rlqstest.OneLimit(t, rate), be, Options{Now: clock})
 			ctx := context.Background()
 			id := map[string]string{"api": "search"}
 			type envoy struct {
@@ -268,14 +254,7 @@ func TestGreedyEnvoysMeetTheBoundExactly(t *testing.T) {
 					e.allowed += got
 					e.denied += want - got
 					if !e.model.assigned || now-e.reported >= 5000 {
-						elapsed := (time.Duration(now-e.reported) * time.Millisecond).Truncate(time.Second)
-						if err := e.st.report(&rlqsv3.RateLimitQuotaUsageReports{Domain: "quota",
-							BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
-								BucketId: &rlqsv3.BucketId{Bucket: id}, TimeElapsed: durationpb.New(elapsed),
-								NumRequestsAllowed: e.allowed, NumRequestsDenied: e.denied}}}); err != nil {
-							t.Fatal(err)
-						}
-						e.allowed, e.denied, e.reported = 0, 0, now
+						simReport(t, e.st, id, now, &e.reported, &e.allowed, &e.denied, false)
 					}
 					for _, a := range e.st.due(ctx).BucketAction {
 						e.model.apply(a, now)

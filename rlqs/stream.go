@@ -92,6 +92,13 @@ func (st *streamState) usage(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsa
 	}
 	key := idKey(id)
 	s := st.slots[key]
+	if s == nil && allowed+denied == 0 {
+		// A bucket's first report carries its first request. One with
+		// none is Envoy's periodic report of a bucket this replica has
+		// just abandoned, sent before the abandon arrived: Envoy no
+		// longer holds it.
+		return ""
+	}
 	if s == nil {
 		if len(st.slots) >= o.MaxBuckets {
 			return "stream has too many buckets"

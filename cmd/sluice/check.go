@@ -14,6 +14,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -26,9 +27,9 @@ type checkOptions struct {
 	descriptors []string
 	hits        uint32
 	timeout     time.Duration
-	// TLS: the CA that signed Sluice's certificate, and the client
+	// tls: the CA that signed Sluice's certificate, and the client
 	// identity for mutual TLS.
-	tlsCA, tlsCert, tlsKey string
+	tls clientTLS
 }
 
 func newCheckCommand() *cobra.Command {
@@ -69,16 +70,22 @@ A check that consumes (--hits 1, the default) counts like real traffic.`,
 	f.StringArrayVar(&o.descriptors, "descriptor", nil, "a descriptor as key=value[,key=value...]; repeat for several")
 	f.Uint32Var(&o.hits, "hits", 1, "hits_addend of the request; 0 asks without consuming")
 	f.DurationVar(&o.timeout, "timeout", 2*time.Second, "deadline of the call")
-	f.StringVar(&o.tlsCA, "tls-ca", "", "connect with TLS, trusting this CA bundle (PEM)")
-	f.StringVar(&o.tlsCert, "tls-client-cert", "", "client certificate (PEM) for mutual TLS; needs --tls-ca")
-	f.StringVar(&o.tlsKey, "tls-client-key", "", "key of --tls-client-cert (PEM)")
+	o.tls.addFlags(f)
 	return cmd
 }
 
 // transport is plaintext, or TLS when --tls-ca is given.
 func (o checkOptions) transport() (credentials.TransportCredentials, error) {
-	return clientTLS{ca: o.tlsCA, cert: o.tlsCert, key: o.tlsKey,
-		caFlag: "--tls-ca", certFlag: "--tls-client-cert", keyFlag: "--tls-client-key"}.transport()
+	return o.tls.transport()
+}
+
+// addFlags defines --tls-ca, --tls-client-cert and --tls-client-key,
+// the TLS of a command that calls a running Sluice, into c.
+func (c *clientTLS) addFlags(f *pflag.FlagSet) {
+	c.caFlag, c.certFlag, c.keyFlag = "--tls-ca", "--tls-client-cert", "--tls-client-key"
+	f.StringVar(&c.ca, "tls-ca", "", "connect with TLS, trusting this CA bundle (PEM)")
+	f.StringVar(&c.cert, "tls-client-cert", "", "client certificate (PEM) for mutual TLS; needs --tls-ca")
+	f.StringVar(&c.key, "tls-client-key", "", "key of --tls-client-cert (PEM)")
 }
 
 // clientTLS is the TLS a client of Sluice's commands connects with: a CA

@@ -37,7 +37,7 @@ type quotaWatchOptions struct {
 }
 
 func newQuotaWatchCommand() *cobra.Command {
-	o := quotaWatchOptions{tls: clientTLS{caFlag: "--tls-ca", certFlag: "--tls-client-cert", keyFlag: "--tls-client-key"}}
+	var o quotaWatchOptions
 	cmd := &cobra.Command{
 		Use:   "watch",
 		Short: "Open a quota stream as an Envoy would and print the assignments it gets",
@@ -83,9 +83,7 @@ the shared buckets like any Envoy's.`,
 	f.Float64Var(&o.rate, "rate", 1, "requests a second reported for each bucket")
 	f.DurationVar(&o.interval, "report-interval", 5*time.Second, "how often to report, as the filter's reporting_interval")
 	f.DurationVar(&o.duration, "duration", 30*time.Second, "how long to watch")
-	f.StringVar(&o.tls.ca, "tls-ca", "", "connect with TLS, trusting this CA bundle (PEM)")
-	f.StringVar(&o.tls.cert, "tls-client-cert", "", "client certificate (PEM) for mutual TLS; needs --tls-ca")
-	f.StringVar(&o.tls.key, "tls-client-key", "", "key of --tls-client-cert (PEM)")
+	o.tls.addFlags(f)
 	return cmd
 }
 
