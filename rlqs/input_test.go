@@ -248,3 +248,43 @@ func eventually(t *testing.T, d time.Duration, cond func() bool) {
 		}
 	}
 }
+
+// More streams than MaxStreams: the one too many is refused with
+// RESOURCE_EXHAUSTED, and a stream that ends makes room; Drain ends the
+// rest with UNAVAILABLE.
+func TestStreamLimitAndDrain(t *testing.T) {
+	svc, conn := serveWith(t, rlqs.Options{MaxStreams: 1})
+	client := rlqsv3.NewRateLimitQuotaServiceClient(conn)
+	open := func(ctx context.Context) (rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient, error) {
+		stream, err := client.StreamRateLimitQuotas(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "quota",
+			BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(map[string]string{"api": "x"}, 0, 1, 0)}}); err != nil {
+			return nil, err
+		}
+		_, err = stream.Recv()
+		return stream, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if _, err := open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := open(context.Background()); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a second stream: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	cancel()
+	eventually(t, 5*time.Second, func() bool { return svc.Stats().Streams == 0 })
+	stream, err := open(context.Background())
+	if err != nil {
+		t.Fatalf("a stream after the first ended: %v", err)
+	}
+	svc.Drain()
+	for err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("after Drain: %v, want UNAVAILABLE", err)
+	}
+}

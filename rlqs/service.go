@@ -95,6 +95,9 @@ type Service struct {
 	opts  Options
 	stats counters
 	logs  logLimiter
+	// draining is closed by Drain: every stream ends.
+	draining  chan struct{}
+	drainOnce sync.Once
 	// pressure is when (ms) a take on each shared bucket, on any of this
 	// replica's streams, last fell short; bounded, least recent first
 	// out.
@@ -116,8 +119,14 @@ func (s *Service) contended(key string, now int64) bool {
 func New(rules Rules, be backend.Backend, opts Options) *Service {
 	opts = opts.withDefaults()
 	pressure, _ := lru.New[string, int64](max(opts.MaxBuckets, 10_000)) // a positive size never fails
-	return &Service{rules: rules, be: be, opts: opts, pressure: pressure}
+	return &Service{rules: rules, be: be, opts: opts, pressure: pressure, draining: make(chan struct{})}
 }
+
+// Drain ends every stream, now and from now on, with UNAVAILABLE, so
+// that Envoys reconnect to another replica at once: a server shutting
+// down gracefully would otherwise wait for streams that never end on
+// their own. What the streams held is counted stranded.
+func (s *Service) Drain() { s.drainOnce.Do(func() { close(s.draining) }) }
 
 // Register serves svc on s.
 func Register(s grpc.ServiceRegistrar, svc *Service) {
@@ -218,6 +227,8 @@ func (s *Service) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_Stre
 			return err
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-s.draining:
+			return status.Error(codes.Unavailable, "this replica is shutting down")
 		}
 		if out.stalled(s.opts.StallTimeout) {
 			s.logf(ctx, "stall", "ending a quota stream whose client has not read its responses", slog.String("domain", st.domain))

@@ -110,7 +110,7 @@ environment variable: --grpc-addr is SLUICE_GRPC_ADDR.`,
 // o. Tests build their options the same way, so they start from the
 // defaults an operator gets.
 func (o *serveOptions) register(f *pflag.FlagSet) {
-	f.StringVar(&o.grpcAddr, "grpc-addr", ":8081", "address of the gRPC RateLimitService (and gRPC health, reflection)")
+	f.StringVar(&o.grpcAddr, "grpc-addr", ":8081", "address of the gRPC RateLimitService and RateLimitQuotaService (and gRPC health, reflection)")
 	f.StringVar(&o.httpAddr, "http-addr", ":8080", "address of /healthz and /readyz")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics on this address too, on its own listener (the HTTP address keeps it); empty: none")
 	f.BoolVar(&o.ratelimitMetrics, "ratelimit-metrics", false, "also count every limited descriptor under envoyproxy/ratelimit's Prometheus names (ratelimit_service_rate_limit_*, labels domain, key1, key2), which dashboards built for it read")
@@ -524,6 +524,9 @@ func (s *server) wait(ctx context.Context) error {
 func (s *server) shutdown() {
 	s.shuttingDown.Store(true)
 	s.health.Shutdown()
+	// Quota streams never end on their own: they end now, and their
+	// Envoys reconnect to another replica, keeping their assignments.
+	s.quota.Drain()
 	done := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(done) }()
 	select {
