@@ -8,8 +8,8 @@ import (
 )
 
 // Policy sizes and times assignments. The zero Policy takes the
-// defaults named on each field; durations are rounded to whole seconds,
-// the only TTLs Envoy's filter keeps.
+// defaults named on each field; TTL, ShortTTL and Lead are rounded to
+// whole seconds, the only TTLs Envoy's filter keeps.
 type Policy struct {
 	// TTL is the assignment_time_to_live of a token bucket sized to an
 	// Envoy's demand (10 s). A replica takes every token the assignment
