@@ -16,7 +16,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-rl/sluice/backend/memory"
+	"github.com/sluice-rl/sluice/descriptors"
 	"github.com/sluice-rl/sluice/rlqs"
+	"github.com/sluice-rl/sluice/rlqs/rlqstest"
 )
 
 // serveWith is a quota service with opts over a memory backend on a
@@ -286,5 +288,42 @@ func TestStreamLimitAndDrain(t *testing.T) {
 	}
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("after Drain: %v, want UNAVAILABLE", err)
+	}
+}
+
+// A rule with a per_request limit (cost: request) is assigned DENY_ALL:
+// one take of n tokens is one decision, which such a limit would charge
+// one token, so no token bucket could be paid for honestly.
+func TestPerRequestLimitIsDenied(t *testing.T) {
+	cfg, err := descriptors.Parse(map[string][]byte{"q.yaml": []byte(`
+domain: quota
+descriptors:
+  - key: api
+    limits:
+      - {name: tokens, rate: 1000/s}
+      - {name: rpm, rate: 100/s, cost: request}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := memory.New(memory.Options{})
+	t.Cleanup(func() { be.Close() })
+	_, conn := replica(t, rlqstest.Rules{Config: cfg}, be, rlqs.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "quota",
+		BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(map[string]string{"api": "x"}, 0, 1, 0)}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy(); s.GetBlanketRule() != 1 {
+		t.Errorf("a per_request limit's bucket got %v, want DENY_ALL", s)
 	}
 }

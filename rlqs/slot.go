@@ -129,6 +129,9 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 		// One check (no hits) learns the limits that really apply: a
 		// record may override the file's.
 		_, d, err := take(ctx, be, s.req, 0)
+		if errors.Is(err, errPerRequest) {
+			return p.record(s, Strategy{}, p.ShortTTL, now, 0), nil
+		}
 		if err != nil {
 			return renewal{}, err
 		}
