@@ -40,7 +40,7 @@ func (t *Telemetry) ObserveQuota(stats func() QuotaStats) error {
 	assignments, err3 := m.Int64ObservableCounter("sluice.rlqs.assignments", metric.WithUnit("{assignment}"),
 		metric.WithDescription("Assignments sent to Envoys, by kind: token_bucket, deny_all (the limit reached), allow_all (no rule limits the bucket)."))
 	abandoned, err4 := m.Int64ObservableCounter("sluice.rlqs.abandoned", metric.WithUnit("{bucket}"),
-		metric.WithDescription("Buckets abandoned: no report named them for the idle time."))
+		metric.WithDescription("Buckets abandoned: their Envoy reported no requests in them for the idle time (30 s)."))
 	leased, err5 := m.Int64ObservableCounter("sluice.rlqs.tokens_leased", metric.WithUnit("{token}"),
 		metric.WithDescription("Tokens taken from shared buckets for assignments, before they were sent."))
 	stranded, err6 := m.Int64ObservableCounter("sluice.rlqs.tokens_stranded", metric.WithUnit("{token}"),
