@@ -262,10 +262,10 @@ func TestStreamLimitAndDrain(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		if err := stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "quota",
-			BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(map[string]string{"api": "x"}, 0, 1, 0)}}); err != nil {
-			return nil, err
-		}
+		// A stream the server has already ended fails Send with io.EOF;
+		// Recv says why.
+		_ = stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "quota",
+			BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(map[string]string{"api": "x"}, 0, 1, 0)}})
 		_, err = stream.Recv()
 		return stream, err
 	}

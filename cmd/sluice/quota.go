@@ -81,7 +81,7 @@ the shared buckets like any Envoy's.`,
 	f.StringVar(&o.domain, "domain", "", "the quota filter's domain: a domain of the rule files (required)")
 	f.StringArrayVar(&o.buckets, "bucket", nil, "a BucketId as key=value[,key=value...]; repeat for several")
 	f.Float64Var(&o.rate, "rate", 1, "requests a second reported for each bucket")
-	f.DurationVar(&o.interval, "report-interval", 5*time.Second, "how often to report, as the filter's reporting_interval")
+	f.DurationVar(&o.interval, "report-interval", 5*time.Second, "how often to report (Envoy's filter: every 5 s)")
 	f.DurationVar(&o.duration, "duration", 30*time.Second, "how long to watch")
 	o.tls.addFlags(f)
 	return cmd

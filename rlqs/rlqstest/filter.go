@@ -52,7 +52,9 @@ const (
 // Options configure a Filter.
 type Options struct {
 	Domain string
-	// ReportInterval is the bucket settings' reporting_interval (5 s).
+	// ReportInterval is how often every bucket is reported (5 s: Envoy's
+	// filter uses one 5 s timer, whatever the bucket settings'
+	// reporting_interval says).
 	ReportInterval time.Duration
 	// NoAssignment applies before a bucket's first assignment; Expired
 	// after one expired (the expired_assignment_behavior fallback; Envoy
