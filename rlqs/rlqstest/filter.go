@@ -88,6 +88,7 @@ type Filter struct {
 
 	mu      sync.Mutex
 	buckets map[string]*fbucket
+	denials Denials
 
 	sendMu   sync.Mutex // guards the stream fields; one report at a time
 	stream   grpc.BidiStreamingClient[rlqsv3.RateLimitQuotaUsageReports, rlqsv3.RateLimitQuotaResponse]
@@ -205,13 +206,14 @@ func (f *Filter) Request(id map[string]string) bool {
 		b = &fbucket{id: maps.Clone(id), lastReport: now}
 		f.buckets[k] = b
 	}
-	ok := b.admit(now, f.opts)
+	ok, why := b.admit(now, f.opts)
 	if ok {
 		b.allowed++
 		b.totalA++
 	} else {
 		b.denied++
 		b.totalDen++
+		*why(&f.denials)++
 	}
 	var first1 *rlqsv3.RateLimitQuotaUsageReports
 	if first {
@@ -225,26 +227,46 @@ func (f *Filter) Request(id map[string]string) bool {
 	return ok
 }
 
-// admit applies the bucket's assignment, or the behaviour for none.
-func (b *fbucket) admit(now time.Time, o Options) bool {
+// Denials counts a filter's denials by their cause.
+type Denials struct {
+	// Unassigned: no assignment yet, under the NoAssignment behaviour.
+	Unassigned uint64
+	// Expired: the assignment's TTL ran out, under the Expired behaviour.
+	Expired uint64
+	// DenyAll: a DENY_ALL assignment in force.
+	DenyAll uint64
+	// Empty: a token bucket in force had no token left.
+	Empty uint64
+}
+
+// Denials returns the filter's denials since it was dialed, by cause.
+func (f *Filter) Denials() Denials {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.denials
+}
+
+// admit applies the bucket's assignment, or the behaviour for none; a
+// denial says which counter of Denials it counts in.
+func (b *fbucket) admit(now time.Time, o Options) (bool, func(*Denials) *uint64) {
 	if !b.assigned {
-		return o.NoAssignment == AllowAll
+		return o.NoAssignment == AllowAll, func(d *Denials) *uint64 { return &d.Unassigned }
 	}
 	if !now.Before(b.expires) {
-		return o.Expired == AllowAll
+		return o.Expired == AllowAll, func(d *Denials) *uint64 { return &d.Expired }
 	}
 	switch {
 	case b.allow:
-		return true
+		return true, nil
 	case b.deny:
-		return false
+		return false, func(d *Denials) *uint64 { return &d.DenyAll }
 	}
 	b.refill(now)
 	if b.tokens >= 1 {
 		b.tokens--
-		return true
+		return true, nil
 	}
-	return false
+	return false, func(d *Denials) *uint64 { return &d.Empty }
 }
 
 // refill adds what the bucket's rate made since it was last refilled.
