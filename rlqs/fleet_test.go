@@ -69,14 +69,17 @@ var bucketID = map[string]string{"api": "search"}
 // on what the shorter run leaves to transients.
 var long = flag.Bool("rlqs.long", false, "run the quota fleets for 60 s against the full targets (make soak)")
 
-// fleetSeconds is how long a fleet runs, and floor the part of the limit
-// it must admit outside the reporting intervals after its start and its
-// shift.
-func fleetSeconds() (seconds int, floor float64) {
+// fleetSeconds is how long a fleet runs; floor the part of the limit it
+// must admit outside the reporting intervals after its start and its
+// shift; and share the part of its share the new heavy Envoy must admit
+// from two reporting intervals after the shift. The short run measures
+// that share over its last 5 s only, where one slow renewal weighs a
+// fifth: beside two busy loops it measured 0.84 to 1.19 of the share.
+func fleetSeconds() (seconds int, floor, share float64) {
 	if *long {
-		return 60, 0.9
+		return 60, 0.9, 0.8
 	}
-	return 30, 0.8
+	return 30, 0.8, 0.7
 }
 
 // newFleet dials n Envoys, spread over conns in turn, that run for
@@ -168,7 +171,7 @@ func all(n int) []int {
 // reporting intervals after the shift.
 func shiftingDemand(t *testing.T, conns []*grpc.ClientConn, services ...*rlqs.Service) {
 	const rate, n = 1000, 10
-	seconds, floor := fleetSeconds()
+	seconds, floor, part := fleetSeconds()
 	f := newFleet(t, conns, n, seconds)
 	shift := seconds / 2
 	set := func(heavy int) {
@@ -220,8 +223,8 @@ func shiftingDemand(t *testing.T, conns []*grpc.ClientConn, services ...*rlqs.Se
 	got := float64(f.admitted([]int{9}, from, seconds)) / float64(seconds-from)
 	t.Logf("after the shift, envoy 9 admitted %.0f/s (its share %.0f/s); envoy 0 %.0f/s",
 		got, share, float64(f.admitted([]int{0}, from, seconds))/float64(seconds-from))
-	if got < 0.8*share {
-		t.Errorf("envoy 9 admitted %.0f a second from two reporting intervals after the shift, under 0.8 of its share %.0f", got, share)
+	if got < part*share {
+		t.Errorf("envoy 9 admitted %.0f a second from two reporting intervals after the shift, under %.1f of its share %.0f", got, part, share)
 	}
 }
 
@@ -400,7 +403,7 @@ func TestReconnectingEnvoys(t *testing.T) {
 	defer be.Close()
 	conns, svcs := replicas(t, func() backend.Backend { return be })
 	const n, rate = 6, 1000
-	seconds, _ := fleetSeconds()
+	seconds, _, _ := fleetSeconds()
 	f := newFleet(t, conns, n, seconds)
 	f.run(func(sec int) {
 		if sec == 0 {
