@@ -13,6 +13,8 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -163,8 +165,14 @@ func watchQuota(ctx context.Context, conn *grpc.ClientConn, o quotaWatchOptions,
 				return e
 			default:
 			}
+			// The stream carries --duration as its deadline, and the
+			// server may end it on that deadline a moment before ctx's own
+			// timer fires here: either way, --duration is up.
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if status.Code(err) == codes.DeadlineExceeded {
+				return context.DeadlineExceeded
 			}
 			return fmt.Errorf("quota stream: %w", err)
 		}
