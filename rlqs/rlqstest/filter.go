@@ -206,14 +206,13 @@ func (f *Filter) Request(id map[string]string) bool {
 		b = &fbucket{id: maps.Clone(id), lastReport: now}
 		f.buckets[k] = b
 	}
-	ok, why := b.admit(now, f.opts)
+	ok := b.admit(now, f.opts, &f.denials)
 	if ok {
 		b.allowed++
 		b.totalA++
 	} else {
 		b.denied++
 		b.totalDen++
-		*why(&f.denials)++
 	}
 	var first1 *rlqsv3.RateLimitQuotaUsageReports
 	if first {
@@ -246,27 +245,31 @@ func (f *Filter) Denials() Denials {
 	return f.denials
 }
 
-// admit applies the bucket's assignment, or the behaviour for none; a
-// denial says which counter of Denials it counts in.
-func (b *fbucket) admit(now time.Time, o Options) (bool, func(*Denials) *uint64) {
-	if !b.assigned {
-		return o.NoAssignment == AllowAll, func(d *Denials) *uint64 { return &d.Unassigned }
-	}
-	if !now.Before(b.expires) {
-		return o.Expired == AllowAll, func(d *Denials) *uint64 { return &d.Expired }
+// admit applies the bucket's assignment, or the behaviour for none, and
+// counts a denial in d under its cause.
+func (b *fbucket) admit(now time.Time, o Options, d *Denials) bool {
+	verdict := func(ok bool, cause *uint64) bool {
+		if !ok {
+			*cause++
+		}
+		return ok
 	}
 	switch {
+	case !b.assigned:
+		return verdict(o.NoAssignment == AllowAll, &d.Unassigned)
+	case !now.Before(b.expires):
+		return verdict(o.Expired == AllowAll, &d.Expired)
 	case b.allow:
-		return true, nil
+		return true
 	case b.deny:
-		return false, func(d *Denials) *uint64 { return &d.DenyAll }
+		return verdict(false, &d.DenyAll)
 	}
 	b.refill(now)
 	if b.tokens >= 1 {
 		b.tokens--
-		return true, nil
+		return true
 	}
-	return false, func(d *Denials) *uint64 { return &d.Empty }
+	return verdict(false, &d.Empty)
 }
 
 // refill adds what the bucket's rate made since it was last refilled.
