@@ -47,6 +47,14 @@ type Request struct {
 	// Global marks the limits of a rule marked global: the backend
 	// enforces its region's part of them (Global).
 	Global bool
+	// Bulk marks a take for a holder that paces the tokens itself, as an
+	// Envoy enforcing a quota assignment does: the store decides it,
+	// never this replica's leases (which neither pay it nor deny it
+	// while a grant is on its way), and it is not counted in the demand
+	// leases are sized by. Such takes are rare and large, and a lease
+	// grown to hold them would only keep tokens idle between them.
+	// Backends without leases ignore it.
+	Bulk bool
 }
 
 // Decision is a backend's answer to a Request.

@@ -146,8 +146,11 @@ func (st *streamState) match(s *slot, id map[string]string) {
 	s.matched = ok && m.Rule != nil && !m.Rule.Unlimited && !m.Rule.ShadowMode
 	s.limits = false
 	if s.matched {
+		// Bulk: an Envoy paces what its assignment admits, so its takes
+		// go straight to the shared bucket, not through the leases kept
+		// for ShouldRateLimit's calls.
 		s.req = backend.Request{Entity: m.Entity, Resource: m.Resource, Parent: m.Parent,
-			Defaults: m.Rule.Limits, Global: m.Rule.Global}
+			Defaults: m.Rule.Limits, Global: m.Rule.Global, Bulk: true}
 	}
 }
 

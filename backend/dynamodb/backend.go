@@ -400,7 +400,8 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 	began := b.now()
 	// A check (no hits) on a leased bucket is answered here too, so that
 	// its remaining count includes the lease like any other answer's.
-	if b.leases != nil && !req.Refund {
+	leased := b.leases != nil && !req.Refund && !req.Bulk
+	if leased {
 		if d, ok := b.spend(ts, req, level, true); ok {
 			return d, nil
 		}
@@ -408,7 +409,7 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 	if d, ok := b.denyFromSeen(ts, req, level); ok {
 		return d, nil
 	}
-	if b.leases != nil && !req.Refund && req.Hits > 0 && b.beyondReach(ctx) {
+	if leased && req.Hits > 0 && b.beyondReach(ctx) {
 		// No write can be back before this call's deadline: waiting for
 		// one would only answer it late. It is answered now, and the
 		// lease is renewed for the calls after it. Where the lease has
@@ -431,7 +432,7 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 		}
 		return b.gaveUp(ts, req, level, began, fmt.Errorf("bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach))
 	}
-	if b.leases != nil && !req.Refund && req.Hits > 0 && b.opts.MaxDenyStaleness >= 0 {
+	if leased && req.Hits > 0 && b.opts.MaxDenyStaleness >= 0 {
 		// This replica's last write left the bucket drained: the calls
 		// its lease cannot pay are denied here while the next grant is
 		// on its way (AtLimit, which starts it), instead of queueing for

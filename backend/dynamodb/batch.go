@@ -219,7 +219,7 @@ func (b *Backend) payFromLease(ts []target, batch []*call) bool {
 		if c.done {
 			continue
 		}
-		if c.kind != decide || c.req.Refund || c.ctx.Err() != nil {
+		if c.kind != decide || c.req.Refund || c.req.Bulk || c.ctx.Err() != nil {
 			return false
 		}
 		d, ok := b.spend(ts, c.req, backend.LevelNone, false)

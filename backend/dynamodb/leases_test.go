@@ -575,3 +575,40 @@ func TestStaleCopyOfSharedBucketWrittenInOneCall(t *testing.T) {
 		t.Fatalf("violations: %v", v)
 	}
 }
+
+// Takes marked Bulk (an Envoy's quota assignment, paced by the Envoy)
+// go to the table every time, even with leases on: none is paid from a
+// lease or counted as the demand leases are sized by, so they leave no
+// tokens idle in a lease, and the table holds exactly what they left.
+func TestBulkTakesBypassLeases(t *testing.T) {
+	e := newEnv(t)
+	b := e.replica(t, Options{})
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "1/hour", 1000)}, Hits: 20, Bulk: true}
+	const n = 30
+	for i := 1; i <= n; i++ {
+		e.clock.advance(100)
+		if d := mustDecide(t, b, req); !d.Allowed {
+			t.Fatalf("take %d denied", i)
+		}
+		waitBackground(t, b)
+		if tk := e.tokensIn(t, b, "e", "r", "x"); tk != int64(1000-20*i)*bucket.Milli {
+			t.Fatalf("after take %d the table holds %d millitokens, want %d", i, tk, int64(1000-20*i)*bucket.Milli)
+		}
+	}
+	s := b.Stats()
+	if w := writes(b); w != n {
+		t.Errorf("%d writes for %d bulk takes, want one each", w, n)
+	}
+	if s.LocalAnswers.Load() != 0 || s.Leased.Load() != 0 || s.LeaseOutstanding.Load() != 0 {
+		t.Errorf("bulk takes went through the leases: %d answered locally, %d leased, %d outstanding",
+			s.LocalAnswers.Load(), s.Leased.Load(), s.LeaseOutstanding.Load())
+	}
+	// A take the bucket cannot pay is denied by the table, which says
+	// what it holds.
+	big := req
+	big.Hits = 500
+	d := mustDecide(t, b, big)
+	if d.Allowed || d.Results[0].Tokens != 400*bucket.Milli {
+		t.Errorf("a take of 500 from 400: allowed %v, %d millitokens left, want denied with 400000", d.Allowed, d.Results[0].Tokens)
+	}
+}

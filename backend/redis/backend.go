@@ -292,7 +292,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 	if len(bs) > 1 {
 		limits = slices.Concat(bs[0].limits, bs[1].limits)
 	}
-	if b.leases != nil {
+	if b.leases != nil && !req.Bulk {
 		d, err := b.leasedDecide(ctx, req, res, bs, limits, level)
 		if err == nil && b.opts.OnBucketWrite != nil && d.Allowed && (req.Hits > 0 || req.Refund) {
 			for _, r := range res {

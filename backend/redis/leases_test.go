@@ -296,3 +296,43 @@ func TestColdCallsShareOneGrant(t *testing.T) {
 		t.Errorf("64 cold calls left %d millitokens leased, over the share of the burst (%d)", held, most)
 	}
 }
+
+// Takes marked Bulk (an Envoy's quota assignment, paced by the Envoy)
+// run the script every time, even with leases on: none is paid from a
+// lease or counted as the demand leases are sized by, so they leave no
+// tokens idle in a lease, and Redis holds exactly what they left.
+func TestBulkTakesBypassLeases(t *testing.T) {
+	srv := redistest.Require(t)
+	clk := newFakeClock()
+	rb := newBackend(t, newClient(t, srv), Options{Now: clk.now, LeaseHorizon: 30 * time.Second})
+	l := specLimits(t, []bucket.Spec{{Name: "x", Rate: "1/h", Burst: ptr(int64(1000))}})[0]
+	req := backend.Request{Entity: "e", Resource: "r", Defaults: []bucket.Limit{l}, Hits: 20, Bulk: true}
+	key := rb.keys.Bucket("e", "r", "")
+	const n = 30
+	for i := 1; i <= n; i++ {
+		clk.advance(100)
+		r := req
+		d, err := rb.Decide(context.Background(), &r)
+		if err != nil || !d.Allowed {
+			t.Fatalf("take %d: %+v, %v", i, d, err)
+		}
+		waitLeases(t, rb)
+		if tk := tokensOf(t, srv, key, l); tk != int64(1000-20*i)*bucket.Milli {
+			t.Fatalf("after take %d Redis holds %d millitokens, want %d", i, tk, int64(1000-20*i)*bucket.Milli)
+		}
+	}
+	s := rb.Stats()
+	if s.Scripts.Load() != n {
+		t.Errorf("%d runs of the script for %d bulk takes, want one each", s.Scripts.Load(), n)
+	}
+	if s.LocalAnswers.Load() != 0 || s.Leased.Load() != 0 || s.LeaseOutstanding.Load() != 0 {
+		t.Errorf("bulk takes went through the leases: %d answered locally, %d leased, %d outstanding",
+			s.LocalAnswers.Load(), s.Leased.Load(), s.LeaseOutstanding.Load())
+	}
+	big := req
+	big.Hits = 500
+	d, err := rb.Decide(context.Background(), &big)
+	if err != nil || d.Allowed || d.Results[0].Tokens != 400*bucket.Milli {
+		t.Errorf("a take of 500 from 400: %+v, %v; want denied with 400000 millitokens left", d, err)
+	}
+}
