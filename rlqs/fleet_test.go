@@ -69,6 +69,14 @@ var bucketID = map[string]string{"api": "search"}
 // on what the shorter run leaves to transients.
 var long = flag.Bool("rlqs.long", false, "run the quota fleets for 60 s against the full targets (make soak)")
 
+// reportEvery is how often the fleets' Envoys report. Envoy's filter
+// reports every 5 s whatever its reporting_interval says; a shorter one
+// measures what the fleet would admit if it honoured it.
+var reportEvery = flag.Duration("rlqs.report", 5*time.Second, "how often the quota fleets' simulated Envoys report (Envoy's filter: 5s); whole seconds")
+
+// interval is reportEvery in whole seconds, at least one.
+func interval() int { return max(1, int(reportEvery.Round(time.Second)/time.Second)) }
+
 // fleetSeconds is how long a fleet runs; floor the part of the limit it
 // must admit outside the reporting intervals after its start and its
 // shift; and share the part of its share the new heavy Envoy must admit
@@ -89,7 +97,8 @@ func newFleet(t testing.TB, conns []*grpc.ClientConn, n, seconds int) *fleet {
 	f := &fleet{demand: make([]atomic.Int64, n), seconds: seconds}
 	for i := range n {
 		e, err := rlqstest.Dial(context.Background(), conns[i%len(conns)], rlqstest.Options{
-			Domain: "quota", NoAssignment: rlqstest.DenyAll, Expired: rlqstest.DenyAll})
+			Domain: "quota", NoAssignment: rlqstest.DenyAll, Expired: rlqstest.DenyAll,
+			ReportInterval: time.Duration(interval()) * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -199,6 +208,11 @@ func shiftingDemand(t *testing.T, conns []*grpc.ClientConn, services ...*rlqs.Se
 		stranded += st.Stranded
 	}
 	t.Logf("admitted %d in %.1f s (bound %d: %.3f of it); tokens leased %d", total, elapsed, bound, float64(total)/float64(bound), leased)
+	perSecond := make([]uint64, seconds)
+	for s := range perSecond {
+		perSecond[s] = f.admitted(all(n), s, s+1)
+	}
+	t.Logf("admitted in each second: %v", perSecond)
 	if total > bound {
 		t.Errorf("admitted %d, over the bound B + R*T + 1 = %d", total, bound)
 	}
@@ -206,8 +220,9 @@ func shiftingDemand(t *testing.T, conns []*grpc.ClientConn, services ...*rlqs.Se
 	// the start and after the shift, Sluice cannot know it (an Envoy
 	// tells its demand only in its reports): those intervals are left
 	// out.
-	known := f.admitted(all(n), 5, shift) + f.admitted(all(n), shift+5, seconds)
-	span := seconds - 10
+	iv := interval()
+	known := f.admitted(all(n), iv, shift) + f.admitted(all(n), shift+iv, seconds)
+	span := seconds - 2*iv
 	t.Logf("admitted %.3f of the limit outside the reporting intervals after the start and the shift", float64(known)/float64(rate*span))
 	if want := floor * float64(rate*span); float64(known) < want {
 		t.Errorf("admitted %d outside the first reporting intervals, under %.2f of the limit (%.0f)", known, floor, want)
@@ -219,7 +234,7 @@ func shiftingDemand(t *testing.T, conns []*grpc.ClientConn, services ...*rlqs.Se
 		others += uint64(f.demand[i].Load())
 	}
 	share := float64(rate) - float64(others)
-	from := shift + 10
+	from := shift + 2*iv
 	got := float64(f.admitted([]int{9}, from, seconds)) / float64(seconds-from)
 	t.Logf("after the shift, envoy 9 admitted %.0f/s (its share %.0f/s); envoy 0 %.0f/s",
 		got, share, float64(f.admitted([]int{0}, from, seconds))/float64(seconds-from))
