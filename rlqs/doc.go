@@ -48,7 +48,8 @@
 // (slot.go). While a shared bucket is short for some stream, every
 // stream of the replica sizes that bucket's Envoys at their demand,
 // renews them within half the bucket's filling time, and gives excess
-// banks back to it.
+// banks back to it, an eighth of its burst at a time so that the bucket,
+// which holds at most its burst, does not drop them.
 //
 // The sizing is pure arithmetic on integers and the slot's state, tested
 // on a simulated clock (sim_test.go); the streams are tested over real

@@ -158,10 +158,13 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 	}
 	// What to ask for: the active bucket's fills to the end of the TTL
 	// when it will likely be extended, else a new bucket of the goal.
-	// While the bucket is contended the bank is also filled to what a
-	// new one would cost, so that refill the active one does not use is
-	// not cut by the shared bucket's burst, and the next renewal can
-	// raise the rate with it. short is judged against the least that
+	// While the bucket is contended, an Envoy below its goal also has
+	// its bank filled to what a new bucket would cost, so that refill
+	// the active one does not use is not cut by the shared bucket's
+	// burst, and the next renewal can raise the rate with it. Not one
+	// at or above its goal, nor one not yet reported (whose rate no
+	// renewal can raise before its report): a bank filled for them would
+	// only keep the refill from the Envoys short of it. short is judged against the least that
 	// serves: a second of the active rate, or the goal for the short TTL.
 	// A bucket that merely cannot pay a whole TTL at once (its burst is
 	// smaller) is not short: the TTL then grows renewal by renewal.
@@ -174,7 +177,7 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 		ask = fills(a.PerSecond, a.paidUntil, until)
 		least = fills(a.PerSecond, a.paidUntil, now+(time.Second+p.Allowance).Milliseconds())
 		have = s.bank
-		if hot {
+		if hot && s.demand >= 0 && a.PerSecond < goal.PerSecond {
 			ask = max(ask, fresh)
 		}
 	}
@@ -229,20 +232,33 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 
 // settle records st as sent and, when the bucket is contended, gives
 // back to it what s's bank holds beyond a second of st's rate: tokens an
-// Envoy left unused (reclaim) are then another's, wherever it is. A
-// refund that fails keeps them in the bank.
+// Envoy left unused (reclaim) are then another's, wherever it is. It
+// gives an eighth of the bucket's burst at most each time. After a
+// report shows a reporting interval's tokens unused (Envoys whose demand
+// fell, or was not known yet), their slots would otherwise give back
+// several bursts at once, and the shared bucket, which holds at most
+// one, would drop the rest: in the simulated fleet of ten Envoys, about
+// 4,000 tokens a minute, 6% of B + R*T. A little at a time, the Envoys short
+// of tokens take them between refunds. A refund that fails keeps them in
+// the bank.
 func (p Policy) settle(ctx context.Context, be backend.Backend, s *slot, st Strategy, ttl time.Duration, now int64, taken uint64, hot bool) renewal {
 	r := p.record(s, st, ttl, now, taken)
 	if keep := st.PerSecond + 1; hot && s.bank > keep {
 		req := s.req
-		req.Refund, req.Hits = true, s.bank-keep
+		req.Refund, req.Hits = true, min(s.bank-keep, max(s.cap.burst/refundShare, 1))
 		if _, err := be.Decide(ctx, &req); err == nil {
 			r.returned = req.Hits
-			s.bank = keep
+			s.bank -= req.Hits
 		}
 	}
 	return r
 }
+
+// refundShare is the part of the shared bucket's burst one refund gives
+// back at most (settle): an eighth admitted 0.955 of B + R*T in the
+// simulated fleet (median of 20 runs), a quarter 0.946, a half 0.935, a
+// sixteenth 0.944, the whole of the excess at once 0.893.
+const refundShare = 8
 
 // contendedHeadroom replaces Policy.Headroom while the shared bucket is
 // short: a token an Envoy holds beyond its demand is one another lacks.
