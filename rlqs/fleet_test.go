@@ -337,21 +337,20 @@ func (f *fleet) denied(envoys []int, from, to int) uint64 {
 // intervals; and a bucket costs each Envoy one backend write per
 // assignment, an assignment every 3 to 8 s while its demand is steady.
 //
-// Ten Envoys that start in the same instant settle over their first two
-// reports: before the first (5 s) each is assigned an eighth of the
-// limit, which between them is more than the limit, and at the first all
-// ten replace their assignment with one paid for a whole TTL at once,
-// more than the shared bucket's burst between them. The bucket is short
-// for a few seconds after it, and Envoys cut to their demand with little
-// headroom deny a request now and then: at most 1% of them from 7 s to
-// the second report, none after it.
+// Ten Envoys that start in the same instant: before their first report
+// (5 s) Sluice does not know their demands. Each first assignment costs
+// at most a quarter of what the shared bucket holds, and the next ones a
+// share of the limit by how many began together, so a few requests are
+// denied in the first second or two (44 to 56 of about 2,500 before the
+// first report in quiet runs): at most 5% of them, and none from the
+// first report on.
 func TestBelowTheLimit(t *testing.T) {
 	t.Parallel()
 	be := &counting{Backend: memory.New(memory.Options{})}
 	defer be.Backend.(*memory.Backend).Close()
 	svc, conn := replica(t, rules(t, 1000), be, rlqs.Options{})
 	const n, seconds, step = 10, 30, 12
-	const settled = 10 // the second report
+	const settled = 5 // the first report
 	f := newFleet(t, []*grpc.ClientConn{conn}, n, seconds)
 	var takes, sent [seconds + 1]int64
 	f.run(func(sec int) {
@@ -383,15 +382,15 @@ func TestBelowTheLimit(t *testing.T) {
 	others := all(n)[1:]
 	var asked uint64
 	for i := range n {
-		for s := 7; s < settled; s++ {
+		for s := range settled {
 			asked += f.asked[i][s]
 		}
 	}
-	if d := f.denied(all(n), 7, settled); d*100 > asked {
-		t.Errorf("%d of %d requests denied below the limit from 7 s to the second report: want at most 1%%", d, asked)
+	if d := f.denied(all(n), 0, settled); d*20 > asked {
+		t.Errorf("%d of %d requests denied below the limit before the first report: want at most 5%%", d, asked)
 	}
 	if d := f.denied(all(n), settled, step); d > 0 {
-		t.Errorf("%d requests denied below the limit, from the second report to the step", d)
+		t.Errorf("%d requests denied below the limit, from the first report to the step", d)
 	}
 	if d := f.denied(others, settled, seconds); d > 0 {
 		t.Errorf("%d requests of the steady Envoys denied below the limit", d)

@@ -91,12 +91,23 @@ func capacityOf(limits []bucket.Limit) (c capacity, ok bool) {
 
 // desired is the token bucket an Envoy asking demand requests a second
 // (negative: not reported yet) should get under c: its demand with
-// headroom. Before any report it gets an eighth of the limit, for a
-// short TTL, and its next report sizes it: Envoys that start together
-// do not ask many times the limit between them.
-func (p Policy) desired(demand float64, c capacity) Strategy {
+// headroom. Before any report it gets a share of the limit, for a short
+// TTL, and its next report sizes it: half the limit, a quarter while
+// the shared bucket is short (hot), or less when more Envoys
+// (newcomers) began reporting the bucket to this replica within a
+// reporting interval, so that Envoys that start together ask at most
+// four fifths of the limit between them (each replica counts its own).
+// Too small a share denies an Envoy busier than it until its first
+// report; too large leaves the shared bucket short, and the Envoys that
+// started with it denied. What an Envoy leaves unused comes back after
+// its report.
+func (p Policy) desired(demand float64, c capacity, newcomers int, hot bool) Strategy {
 	if demand < 0 {
-		demand = c.perSecond / 8 / p.Headroom
+		share := 2.0
+		if hot {
+			share = 4
+		}
+		demand = c.perSecond / max(share, 1.25*float64(newcomers)) / p.Headroom
 	}
 	// Absurd reports (2^64-1 requests) ask at most what the limit could
 	// ever give in a TTL; the take trims it to what the bucket holds.

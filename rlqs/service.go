@@ -102,7 +102,52 @@ type Service struct {
 	// replica's streams, last fell short; bounded, least recent first
 	// out.
 	pressure *lru.Cache[string, int64]
+	// newcomers counts, for each shared bucket, the slots that began on
+	// this replica's streams since the first of them within a reporting
+	// interval (arrive); bounded like pressure. arrivalsMu makes a count's
+	// read and write one step.
+	arrivalsMu sync.Mutex
+	newcomers  *lru.Cache[string, arrivals]
 }
+
+// arrivals is how many slots of a shared bucket began since since (ms).
+type arrivals struct {
+	since int64
+	n     int
+}
+
+// arrivalWindow is how long (ms) after the first of them slots that
+// begin count together: Envoy's reporting interval, within which none
+// of them has reported a rate yet.
+const arrivalWindow = 5000
+
+// arrive counts a slot of the shared bucket key that began at now.
+func (s *Service) arrive(key string, now int64) {
+	s.arrivalsMu.Lock()
+	defer s.arrivalsMu.Unlock()
+	a, ok := s.newcomers.Peek(key)
+	if !ok || now-a.since >= arrivalWindow {
+		a = arrivals{since: now}
+	}
+	a.n++
+	s.newcomers.Add(key, a)
+}
+
+// arrived is how many slots of key began together with the latest of
+// them, while that one may not have reported a rate yet: at least one.
+func (s *Service) arrived(key string, now int64) int {
+	s.arrivalsMu.Lock()
+	defer s.arrivalsMu.Unlock()
+	a, ok := s.newcomers.Peek(key)
+	if !ok || now-a.since >= 2*arrivalWindow {
+		return 1
+	}
+	return max(a.n, 1)
+}
+
+// sharedKey names the shared bucket req takes from, for pressure and
+// newcomers.
+func sharedKey(req backend.Request) string { return req.Entity + "\x00" + req.Resource }
 
 // contendedFor is how long after a take fell short a bucket counts as
 // contended for every stream of the replica.
@@ -118,8 +163,10 @@ func (s *Service) contended(key string, now int64) bool {
 // be's shared buckets.
 func New(rules Rules, be backend.Backend, opts Options) *Service {
 	opts = opts.withDefaults()
-	pressure, _ := lru.New[string, int64](max(opts.MaxBuckets, 10_000)) // a positive size never fails
-	return &Service{rules: rules, be: be, opts: opts, pressure: pressure, draining: make(chan struct{})}
+	size := max(opts.MaxBuckets, 10_000)
+	pressure, _ := lru.New[string, int64](size) // a positive size never fails
+	newcomers, _ := lru.New[string, arrivals](size)
+	return &Service{rules: rules, be: be, opts: opts, pressure: pressure, newcomers: newcomers, draining: make(chan struct{})}
 }
 
 // Drain ends every stream, now and from now on, with UNAVAILABLE, so

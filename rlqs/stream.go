@@ -110,6 +110,9 @@ func (st *streamState) usage(u *rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsa
 		}
 		st.ids[key] = &rlqsv3.BucketId{Bucket: maps.Clone(id)}
 		st.match(s, id)
+		if s.matched {
+			st.svc.arrive(sharedKey(s.req), now)
+		}
 		st.svc.stats.buckets.Add(1)
 	}
 	if elapsed >= time.Second {
@@ -192,7 +195,10 @@ func (st *streamState) due(ctx context.Context) *rlqsv3.RateLimitQuotaResponse {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			key := s.req.Entity + "\x00" + s.req.Resource
+			key := sharedKey(s.req)
+			if s.demand < 0 {
+				s.newcomers = svc.arrived(key, now)
+			}
 			r, err := svc.opts.Policy.renew(ctx, svc.be, s, now, svc.contended(key, now))
 			if s.short {
 				svc.pressure.Add(key, now)
