@@ -179,8 +179,9 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 	// the active one does not use is not cut by the shared bucket's
 	// burst, and the next renewal can raise the rate with it. Not one
 	// at or above its goal: a bank filled for it would only keep the
-	// refill from the Envoys short of it. short is judged against the least that
-	// serves: a second of the active rate, or the goal for the short TTL.
+	// refill from the Envoys short of it. short is judged against the
+	// least that serves: a second of the active rate, or the goal for
+	// the short TTL.
 	// A bucket that merely cannot pay a whole TTL at once (its burst is
 	// smaller) is not short: the TTL then grows renewal by renewal.
 	extending := a != nil && !a.Allow && a.PerSecond > 0 && now < a.expires &&
@@ -253,9 +254,9 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 // fell, or was not known yet), their slots would otherwise give back
 // several bursts at once, and the shared bucket, which holds at most
 // one, would drop the rest: in the simulated fleet of ten Envoys, about
-// 4,000 tokens a minute, 6% of B + R*T. A little at a time, the Envoys short
-// of tokens take them between refunds. A refund that fails keeps them in
-// the bank.
+// 4,000 tokens a minute, 6% of B + R*T. A little at a time, the Envoys
+// short of tokens take them between refunds. A refund that fails keeps
+// them in the bank.
 func (p Policy) settle(ctx context.Context, be backend.Backend, s *slot, st Strategy, ttl time.Duration, now int64, taken uint64, hot bool) renewal {
 	r := p.record(s, st, ttl, now, taken)
 	if keep := st.PerSecond + 1; hot && s.bank > keep {
