@@ -346,6 +346,14 @@ func TestServeMutualTLS(t *testing.T) {
 	if out, code := sluice(t, append(check, "--tls-client-cert", clientCert)...); code != 2 {
 		t.Errorf("--tls-client-cert without --tls-ca: exit %d\n%s", code, out)
 	}
+	// The quota service shares the port, and its TLS.
+	watch := []string{"quota", "watch", "--grpc-addr", s.grpcLn.Addr().String(), "--domain", "edge", "--bucket", "plan=gold", "--duration", "1s"}
+	if out, code := sluice(t, append(watch, "--tls-ca", caFile, "--tls-client-cert", clientCert, "--tls-client-key", clientKey)...); code != 0 || !strings.Contains(out, "plan=gold") {
+		t.Errorf("quota watch with a client certificate: exit %d\n%s", code, out)
+	}
+	if out, code := sluice(t, append(watch, "--tls-ca", caFile)...); code == 0 || strings.Contains(out, "plan=gold") {
+		t.Errorf("quota watch without a client certificate: exit %d\n%s", code, out)
+	}
 
 	got, _ := scrape(t, s)
 	if exp := got["sluice_tls_certificate_expiry_seconds{}"]; exp < float64(time.Now().Add(11*time.Hour).Unix()) {
