@@ -162,8 +162,10 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 		// A bucket's first assignment, before any rate is known, costs
 		// at most a quarter of what the shared bucket holds: Envoys
 		// that begin together each find less, and none is left out;
-		// the next renewal, a second later, gives the share.
-		if first := p.fit(uint64(held)/4, p.ShortTTL, s.cap); first.PerSecond < goal.PerSecond {
+		// the next renewal, a second later, gives the share. Not when a
+		// quarter pays for less than a token a second (a burst of a
+		// few tokens): the first Envoy then gets what there is.
+		if first := p.fit(uint64(held)/4, p.ShortTTL, s.cap); first.PerSecond > 0 && first.PerSecond < goal.PerSecond {
 			goal = first
 		}
 	}
