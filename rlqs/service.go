@@ -142,7 +142,13 @@ func (s *Service) arrived(key string, now int64) int {
 	if !ok || now-a.since >= 2*arrivalWindow {
 		return 1
 	}
-	return max(a.n, 1)
+	return a.n
+}
+
+// peers is what this replica's streams know together of the shared
+// bucket key at now.
+func (s *Service) peers(key string, now int64) peers {
+	return peers{contended: s.contended(key, now), newcomers: s.arrived(key, now)}
 }
 
 // sharedKey names the shared bucket req takes from, for pressure and

@@ -83,6 +83,50 @@ func (e *envoyModel) admit(now int64, n uint64) uint64 {
 	return k
 }
 
+// simEnvoy is one Envoy of a simulated fleet, reporting one bucket on
+// its own stream: its filter's bucket, the requests its demand owes, the
+// counts of its next report, and the responses on their way to it.
+type simEnvoy struct {
+	st              *streamState
+	model           envoyModel
+	owed            float64
+	allowed, denied uint64 // since the last report
+	reported        int64  // ms
+	pending         []delivery
+}
+
+func newSimEnvoy(svc *Service, now int64) *simEnvoy {
+	return &simEnvoy{st: &streamState{svc: svc, slots: map[string]*slot{}}, reported: now}
+}
+
+// step runs e at now: the responses due by now land, dt ms of demand (a
+// second) are asked, bucket id is reported on its first request and
+// every reportMs, and the responses of the stream's due renewals set out
+// to arrive delay() ms later. It returns what was asked and admitted.
+func (e *simEnvoy) step(ctx context.Context, t *testing.T, id map[string]string, now, dt int64, demand float64, reportMs int64, delay func() int64) (want, got uint64) {
+	t.Helper()
+	for len(e.pending) > 0 && e.pending[0].at <= now {
+		for _, a := range e.pending[0].actions {
+			e.model.apply(a, e.pending[0].at)
+		}
+		e.pending = e.pending[1:]
+	}
+	e.owed += demand * float64(dt) / 1000
+	want = uint64(e.owed)
+	e.owed -= float64(want)
+	first := !e.model.assigned && e.allowed+e.denied == 0 && want > 0
+	got = e.model.admit(now, want)
+	e.allowed += got
+	e.denied += want - got
+	if first || now-e.reported >= reportMs {
+		simReport(t, e.st, id, now, &e.reported, &e.allowed, &e.denied, first)
+	}
+	if resp := e.st.due(ctx); len(resp.BucketAction) > 0 {
+		e.pending = append(e.pending, delivery{at: now + delay(), actions: resp.BucketAction})
+	}
+	return want, got
+}
+
 // TestAssignmentsNeverOutrunTheBucket runs Envoys of random, shifting
 // demand against one replica's streams on a simulated clock, with
 // assignments reaching each Envoy up to 900 ms late, and holds DESIGN
@@ -107,24 +151,15 @@ func simulateBound(t *testing.T, seed uint64) {
 	ctx := context.Background()
 
 	n := 2 + rng.IntN(9)
-	type envoy struct {
-		st       *streamState
-		model    envoyModel
-		demand   float64 // a second
-		owed     float64
-		reported int64
-		allowed  uint64
-		denied   uint64
-		pending  []delivery
-	}
 	id := map[string]string{"api": "search"}
-	envoys := make([]*envoy, n)
+	envoys := make([]*simEnvoy, n)
+	demand := make([]float64, n) // a second
 	for i := range envoys {
-		envoys[i] = &envoy{st: &streamState{svc: svc, slots: map[string]*slot{}}, reported: now}
+		envoys[i] = newSimEnvoy(svc, now)
 	}
 	shuffle := func() {
-		for _, e := range envoys {
-			e.demand = rng.Float64() * 3 * rate / float64(n)
+		for i := range demand {
+			demand[i] = rng.Float64() * 3 * rate / float64(n)
 		}
 	}
 	shuffle()
@@ -138,31 +173,13 @@ func simulateBound(t *testing.T, seed uint64) {
 			shuffle()
 		}
 		var total float64
-		for _, e := range envoys {
-			total += e.demand
+		for _, d := range demand {
+			total += d
 		}
 		step := uint64(0)
-		for _, e := range envoys {
-			for len(e.pending) > 0 && e.pending[0].at <= now {
-				for _, a := range e.pending[0].actions {
-					e.model.apply(a, e.pending[0].at)
-				}
-				e.pending = e.pending[1:]
-			}
-			e.owed += e.demand * float64(dt) / 1000
-			want := uint64(e.owed)
-			e.owed -= float64(want)
-			first := !e.model.assigned && e.allowed+e.denied == 0 && want > 0
-			got := e.model.admit(now, want)
+		for i, e := range envoys {
+			_, got := e.step(ctx, t, id, now, dt, demand[i], 5000, func() int64 { return int64(rng.IntN(900)) })
 			step += got
-			e.allowed += got
-			e.denied += want - got
-			if first || now-e.reported >= 5000 {
-				simReport(t, e.st, id, now, &e.reported, &e.allowed, &e.denied, first)
-			}
-			if resp := e.st.due(ctx); len(resp.BucketAction) > 0 {
-				e.pending = append(e.pending, delivery{at: now + int64(rng.IntN(900)), actions: resp.BucketAction})
-			}
 		}
 		admitted += step
 		if over := int64(admitted) - int64(svc.stats.leased.Load()); over > worst {

@@ -11,27 +11,20 @@ import (
 
 // fleetRun is what a simulated fleet did.
 type fleetRun struct {
-	perSecond []uint64   // all Envoys, admitted in each second
-	denied    []uint64   // all Envoys, denied in each second
-	byEnvoy   [][]uint64 // [envoy][second]
+	perSecond []uint64 // all Envoys, admitted in each second
+	denied    []uint64 // all Envoys, denied in each second
 	// overflow is what refunds gave the shared bucket beyond its burst:
 	// tokens Envoys left unused that nobody could use after.
 	overflow, refunded int64
 }
 
-// simFleet runs n Envoys on one replica's streams over a simulated clock
-// for seconds, every 10 ms sending each the demand demands gives for that
-// second, each response reaching its Envoy 5 ms after it is made and
-// every bucket reported every reportMs. It holds the bound at every step.
-// Without a busy machine's noise it measures the policy alone, in a
-// fraction of a second.
-func simFleet(t *testing.T, rate uint64, n, seconds int, reportMs int64, demands func(sec int) []float64) fleetRun {
-	return simFleetOn(t, 1, rate, n, seconds, reportMs, demands)
-}
-
-// simFleetOn is simFleet with the Envoys spread over replicas sharing
-// one backend.
-func simFleetOn(t *testing.T, replicas int, rate uint64, n, seconds int, reportMs int64, demands func(sec int) []float64) fleetRun {
+// simFleet runs n Envoys, spread over replicas sharing one backend, on
+// a simulated clock for seconds: every 10 ms each asks the demand
+// demands gives for that second, each response reaches its Envoy 5 ms
+// after it is made, and every bucket is reported every reportMs. It
+// holds the bound at every step. Without a busy machine's noise it
+// measures the policy alone, in a fraction of a second.
+func simFleet(t *testing.T, replicas int, rate uint64, n, seconds int, reportMs int64, demands func(sec int) []float64) fleetRun {
 	t.Helper()
 	now := int64(1_700_000_000_000)
 	start := now
@@ -45,48 +38,21 @@ func simFleetOn(t *testing.T, replicas int, rate uint64, n, seconds int, reportM
 	}
 	ctx := context.Background()
 	id := map[string]string{"api": "search"}
-	type envoy struct {
-		st              *streamState
-		model           envoyModel
-		owed            float64
-		allowed, denied uint64
-		reported        int64
-		pending         []delivery
-	}
-	envoys := make([]*envoy, n)
-	run := fleetRun{perSecond: make([]uint64, seconds), denied: make([]uint64, seconds), byEnvoy: make([][]uint64, n)}
+	envoys := make([]*simEnvoy, n)
 	for i := range envoys {
-		envoys[i] = &envoy{st: &streamState{svc: svcs[i%replicas], slots: map[string]*slot{}}, reported: now}
-		run.byEnvoy[i] = make([]uint64, seconds)
+		envoys[i] = newSimEnvoy(svcs[i%replicas], now)
 	}
+	run := fleetRun{perSecond: make([]uint64, seconds), denied: make([]uint64, seconds)}
 	var admitted uint64
-	for ; now-start < int64(seconds)*1000; now += 10 {
+	const dt = 10 // ms
+	for ; now-start < int64(seconds)*1000; now += dt {
 		sec := int((now - start) / 1000)
 		d := demands(sec)
 		for i, e := range envoys {
-			for len(e.pending) > 0 && e.pending[0].at <= now {
-				for _, a := range e.pending[0].actions {
-					e.model.apply(a, e.pending[0].at)
-				}
-				e.pending = e.pending[1:]
-			}
-			e.owed += d[i] / 100
-			want := uint64(e.owed)
-			e.owed -= float64(want)
-			first := !e.model.assigned && e.allowed+e.denied == 0 && want > 0
-			got := e.model.admit(now, want)
+			want, got := e.step(ctx, t, id, now, dt, d[i], reportMs, func() int64 { return 5 })
 			run.perSecond[sec] += got
-			run.byEnvoy[i][sec] += got
 			run.denied[sec] += want - got
 			admitted += got
-			e.allowed += got
-			e.denied += want - got
-			if first || e.model.assigned && now-e.reported >= reportMs {
-				simReport(t, e.st, id, now, &e.reported, &e.allowed, &e.denied, first)
-			}
-			if resp := e.st.due(ctx); len(resp.BucketAction) > 0 {
-				e.pending = append(e.pending, delivery{at: now + 5, actions: resp.BucketAction})
-			}
 		}
 		if bound := rate + rate*uint64(now-start)/1000 + 1; admitted > bound {
 			t.Fatalf("at %d ms: admitted %d, over the bound %d", now-start, admitted, bound)
@@ -131,7 +97,7 @@ func TestShiftingFleetSimulated(t *testing.T) {
 		reportMs int64
 		floor    float64
 	}{{5000, 0.9}, {1000, 0.93}} {
-		run := simFleet(t, rate, n, seconds, c.reportMs, func(sec int) []float64 {
+		run := simFleet(t, 1, rate, n, seconds, c.reportMs, func(sec int) []float64 {
 			d := make([]float64, n)
 			for i := range d {
 				d[i] = 19
@@ -164,12 +130,12 @@ func TestShiftingFleetSimulated(t *testing.T) {
 // it, and the next a share of the limit by how many began together on
 // its replica. Few requests are denied before the first report; on one
 // replica none after it, on three (each counting only its own
-// newcomers) almost none. A hundred runs of each case: at most 8% of
-// the requests denied before 5 s on one replica, 18% on three; after it
-// none of the light Envoys' on one replica, at most 0.4% otherwise:
-// Envoys at 70% to 80% of the limit with a quarter of headroom ask for
-// all of it, and the shared bucket runs short now and then while their
-// renewals settle.
+// newcomers) almost none. Five hundred runs of each case: at most 8% of
+// the requests denied before 5 s on one replica, 22% on three; after it
+// none of the light Envoys' on one replica, at most 0.5% otherwise (one
+// run in 800 reached 1.1%, hence 2% allowed): Envoys at 70% to 80% of
+// the limit with a quarter of headroom ask for all of it, and the
+// shared bucket runs short now and then while their renewals settle.
 func TestNewcomersBelowTheLimitSimulated(t *testing.T) {
 	for _, c := range []struct {
 		replicas, n int
@@ -177,11 +143,11 @@ func TestNewcomersBelowTheLimitSimulated(t *testing.T) {
 		first       float64 // of the requests before 5 s, denied at most
 		after       float64 // of those after
 	}{
-		{1, 10, 50, 0.1, 0}, {1, 20, 30, 0.1, 0}, {1, 4, 200, 0.1, 0.01}, {1, 1, 500, 0.1, 0},
-		{3, 10, 50, 0.3, 0.01}, {3, 4, 175, 0.3, 0.01},
+		{1, 10, 50, 0.1, 0}, {1, 20, 30, 0.1, 0}, {1, 4, 200, 0.1, 0.02}, {1, 1, 500, 0.1, 0},
+		{3, 10, 50, 0.3, 0.02}, {3, 4, 175, 0.3, 0.02},
 	} {
 		const seconds = 30
-		run := simFleetOn(t, c.replicas, 1000, c.n, seconds, 5000, func(sec int) []float64 {
+		run := simFleet(t, c.replicas, 1000, c.n, seconds, 5000, func(sec int) []float64 {
 			d := make([]float64, c.n)
 			for i := range d {
 				d[i] = c.demand

@@ -46,11 +46,6 @@ type slot struct {
 	// short: the last take found the shared bucket unable to give all
 	// it asked: the limit is reached.
 	short bool
-	// newcomers is how many Envoys, this one included, began reporting
-	// the shared bucket to this replica within a reporting interval of
-	// each other (Service.arrive), read at each renewal before the
-	// slot's first report with a rate.
-	newcomers int
 	// replacedMax is the burst of the assignment replaced at replacedAt
 	// (ms): its Envoy may admit that much more until the new one lands.
 	replacedMax uint64
@@ -112,6 +107,21 @@ type renewal struct {
 	wait bool
 }
 
+// peers is what one replica's streams know together of a shared bucket,
+// read at each renewal of a slot of it.
+type peers struct {
+	// contended: a take of another stream fell short lately. Every
+	// Envoy of the bucket is then sized closer to its demand, and a bank
+	// beyond a second of its rate goes back to the shared bucket for the
+	// Envoys that lack it.
+	contended bool
+	// newcomers is how many Envoys began reporting the bucket to this
+	// replica within a reporting interval of the latest of them
+	// (Service.arrive): at least one. It sizes a slot's assignments
+	// before its first report with a rate.
+	newcomers int
+}
+
 // retrySoon is how long (ms) a renewal that could not pay for its
 // active bucket's next second waits before it asks the shared bucket
 // again.
@@ -122,11 +132,8 @@ const retrySoon = 250
 // tokens already taken (kept in its bank) and its active assignment
 // stands until it expires; the caller retries.
 //
-// contended says that the shared bucket fell short of some take of
-// another stream lately: every Envoy of the bucket is then sized closer
-// to its demand, and a bank beyond a second of its rate goes back to the
-// shared bucket for the Envoys that lack it.
-func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int64, contended bool) (renewal, error) {
+// peers is what the replica's other streams tell of the shared bucket.
+func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int64, peers peers) (renewal, error) {
 	if !s.matched {
 		return p.record(s, Strategy{Allow: true}, p.TTL, now, 0), nil
 	}
@@ -150,14 +157,14 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 	// Over the limit the shared bucket holds little more than its refill
 	// since the last take: asking for a whole TTL of fills would find it
 	// short every time. A contended bucket is asked for a short TTL.
-	hot := contended || s.short
+	hot := peers.contended || s.short
 	ttl := p.TTL
 	if hot || s.demand < 0 {
 		// Contended, or the demand is not known yet: ask again soon.
 		ttl = p.ShortTTL
 	}
 	until := now + (ttl + p.Allowance).Milliseconds()
-	goal := p.goal(s, hot)
+	goal := p.goal(s, hot, peers.newcomers)
 	if s.active == nil && s.demand < 0 && held >= 0 {
 		// A bucket's first assignment, before any rate is known, costs
 		// at most a quarter of what the shared bucket holds: Envoys
@@ -283,12 +290,13 @@ const refundShare = 8
 const contendedHeadroom = 1.05
 
 // goal is the token bucket s's Envoy should have: its demand with
-// headroom, less of it when the bucket is contended (hot).
-func (p Policy) goal(s *slot, hot bool) Strategy {
+// headroom, less of it when the bucket is contended (hot); before its
+// first report, a share of the limit among newcomers (desired).
+func (p Policy) goal(s *slot, hot bool, newcomers int) Strategy {
 	if hot {
 		p.Headroom = contendedHeadroom
 	}
-	return p.desired(s.demand, s.cap, s.newcomers, hot)
+	return p.desired(s.demand, s.cap, newcomers, hot)
 }
 
 // keep reports whether s's active bucket should be extended rather than

@@ -196,10 +196,7 @@ func (st *streamState) due(ctx context.Context) *rlqsv3.RateLimitQuotaResponse {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			key := sharedKey(s.req)
-			if s.demand < 0 {
-				s.newcomers = svc.arrived(key, now)
-			}
-			r, err := svc.opts.Policy.renew(ctx, svc.be, s, now, svc.contended(key, now))
+			r, err := svc.opts.Policy.renew(ctx, svc.be, s, now, svc.peers(key, now))
 			if s.short {
 				svc.pressure.Add(key, now)
 			}
