@@ -21,6 +21,29 @@ type State struct {
 	// Consumed counts the millitokens ever consumed (refill never touches
 	// it). It saturates instead of overflowing.
 	Consumed int64
+	// Out is what leases hold of this limit across the fleet, by the
+	// window they expire in (outstanding.go): tokens that have left the
+	// bucket and may still be spent. They count against the burst, so
+	// refill stops at Burst less their sum (Room): the bucket and its
+	// leases together never hold more than the burst, and a span that
+	// starts while leases are out admits no more than one that starts
+	// with them in the bucket. The zero value is no lease out.
+	Out [LeaseSlots]Out
+}
+
+// Leased is the sum of what s's leases hold, in millitokens.
+func (s State) Leased() int64 {
+	var sum int64
+	for _, o := range s.Out {
+		sum += o.Tokens
+	}
+	return sum
+}
+
+// Room is the most tokens s may hold: l's burst less what its leases
+// hold, never below zero. Refill and refunds stop there.
+func Room(l Limit, s State) int64 {
+	return max(l.Burst-s.Leased(), 0)
 }
 
 // Full is the state of a bucket seen for the first time at now.
@@ -46,11 +69,17 @@ func gcd(a, b int64) int64 {
 }
 
 // Refill credits the tokens that accrued between s.Clock and now. A bucket
-// that reaches its burst is full, and a full bucket's clock moves to now:
-// time spent full is never credited later (the back-dating pitfall).
+// that reaches its Room (the burst less what its leases hold) is full,
+// and a full bucket's clock moves to now: time spent full is never
+// credited later (the back-dating pitfall), not even once leases come
+// back and make room.
 func Refill(l Limit, s State, now int64) State {
-	if s.Tokens >= l.Burst {
-		s.Tokens, s.Clock = l.Burst, now
+	room := Room(l, s)
+	if s.Tokens >= room {
+		// A clock another writer moved past now stays: moving it back
+		// would credit that time again once leases come back and make
+		// room.
+		s.Tokens, s.Clock = room, max(s.Clock, now)
 		return s
 	}
 	if s.Tokens < 0 {
@@ -66,9 +95,9 @@ func Refill(l Limit, s State, now int64) State {
 	}
 	dt, da := quantum(l)
 	steps := (now - s.Clock) / dt
-	need := ceilDiv(l.Burst-s.Tokens, da)
+	need := ceilDiv(room-s.Tokens, da)
 	if steps >= need {
-		s.Tokens, s.Clock = l.Burst, now
+		s.Tokens, s.Clock = room, now
 		return s
 	}
 	s.Tokens += steps * da
@@ -149,7 +178,7 @@ func Claim(l Limit, s State, cost int64) (ms, tokens int64) {
 }
 
 // FillTime is how long (ms) a limit takes to refill k millitokens, in
-// whole refill steps: any state holding at least Burst-k tokens whose
+// whole refill steps: any state holding at least Room-k tokens whose
 // clock is at least FillTime(l, k) before now is full at now. It lets a
 // writer state "the bucket is full", a fact about a whole range of
 // states, without knowing exactly which state another writer left. Never

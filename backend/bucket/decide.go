@@ -50,13 +50,15 @@ func Decide(limits []Limit, states []State, hits uint64, now int64, results []Re
 }
 
 // Refund gives hits back to every limit (an is_negative_hits request),
-// refilling first and never lifting a limit above its burst. results
+// refilling first and never lifting a limit above its Room (the burst less
+// what its leases hold). results
 // receives the state after the refund, as for an allowed decision.
 func Refund(limits []Limit, states []State, hits uint64, now int64, results []Result) {
 	for i, l := range limits {
 		s := Refill(l, states[i], now)
-		s.Tokens = min(l.Burst, s.Tokens+RefundAmount(l, hits))
-		if s.Tokens == l.Burst {
+		room := Room(l, s)
+		s.Tokens = min(room, s.Tokens+RefundAmount(l, hits))
+		if s.Tokens == room {
 			s.Clock = now
 		}
 		states[i] = s
@@ -121,7 +123,9 @@ func satAdd(a, b int64) int64 {
 // Reconcile carries a bucket's states over to a changed set of limits
 // (raised, lowered, added or removed), matching limits by name. A kept
 // limit is refilled at its old rate up to now, then capped at its new
-// burst; a new limit starts full; a removed limit is dropped.
+// Room (its leases stay out: the tokens they hold were taken under the
+// old limits and may still be spent); a new limit starts full; a removed
+// limit is dropped, and its leases with it.
 func Reconcile(old []Limit, states []State, limits []Limit, now int64) []State {
 	next := make([]State, len(limits))
 	for i, l := range limits {
@@ -131,8 +135,8 @@ func Reconcile(old []Limit, states []State, limits []Limit, now int64) []State {
 				continue
 			}
 			s := Refill(o, states[j], now)
-			if s.Tokens >= l.Burst {
-				s.Tokens, s.Clock = l.Burst, now
+			if room := Room(l, s); s.Tokens >= room {
+				s.Tokens, s.Clock = room, now
 			}
 			next[i] = s
 			break

@@ -1,0 +1,130 @@
+package bucket
+
+// Tokens out on lease (DESIGN section 11) are part of a bucket's state:
+// a replica that moves tokens into a lease spends them later, from its
+// own memory, so until it says what it spent they count against the
+// burst (State.Out, Room). Each lease is kept in a slot by the window in
+// which it expires, so that the tokens of a holder that died come back
+// on their own: once a window has ended, and a margin for the clocks of
+// the writers has passed, every writer frees its slot (Expire). The
+// holder itself stopped spending at its lease's expiry, by its own
+// clock, which is never later than the end of its window.
+//
+// A holder reports on its lease with each write it makes (Return): of
+// what it had out in a window, what it still holds comes back to the
+// bucket; the rest was spent, and leaves the slot as consumption. It
+// then takes its next lease into the window of its new expiry (Lend),
+// together with whatever of the old one it keeps.
+
+// LeaseSlots is how many expiry windows a limit's leases are kept in. A
+// lease lasts at most two windows from its grant (LeaseWindowMs), and a
+// window is freed ExpiryMargin after it ends, which is at most one
+// window: a slot is always free for the newest window.
+const LeaseSlots = 5
+
+// ExpiryMargin (ms) is how long after its window ends a slot is freed.
+// It covers writers' clocks up to a second apart either way: a holder
+// whose clock is a second behind spends until a second after its window
+// ends, and a writer a second ahead frees the slot a second early.
+const ExpiryMargin = 2000
+
+// Out is what leases hold of one limit in one expiry window.
+type Out struct {
+	// Window numbers the window its leases expire by (LeaseWindow); 0
+	// when the slot is empty.
+	Window int64
+	// Tokens leased and not yet reported on, in millitokens (spent or
+	// not).
+	Tokens int64
+}
+
+// LeaseWindowMs is the width (ms) of the windows leases expire in, for
+// leases that last up to twice horizon ms: at least ExpiryMargin, so that
+// LeaseSlots windows always cover a lease's life and its margin.
+func LeaseWindowMs(horizon int64) int64 {
+	return max(horizon, ExpiryMargin)
+}
+
+// LeaseWindow is the window, of width w ms, that a lease expiring at e
+// (ms) is kept in: the first whose end, LeaseWindow(e, w)*w, is not
+// before e.
+func LeaseWindow(e, w int64) int64 {
+	return max(ceilDiv(e, w), 1)
+}
+
+// Expire frees, at now, the slots of s whose window of width w ended more
+// than ExpiryMargin before now: their holders can no longer spend them,
+// so what they hold is no longer out, and refill may fill that room
+// again. The tokens themselves are not given back: whoever held them
+// may have spent them. It returns what it freed.
+func Expire(s State, w, now int64) (State, int64) {
+	var freed int64
+	for i, o := range s.Out {
+		if o.Window != 0 && o.Window*w+ExpiryMargin < now {
+			freed += o.Tokens
+			s.Out[i] = Out{}
+		}
+	}
+	return s, freed
+}
+
+// Return takes a holder's report off s, refilled to the moment it lands:
+// it had out millitokens in window n, of which back are unspent and go
+// back into the bucket (never above its Room); the rest was spent. It
+// reports false, changing nothing, when s has no slot of window n
+// holding out: the window was freed (Expire) and the tokens with it, so
+// nothing comes back.
+func Return(l Limit, s State, n, out, back int64) (State, bool) {
+	if out <= 0 {
+		return s, back <= 0
+	}
+	i := slotOf(s, n)
+	if i < 0 || s.Out[i].Tokens < out {
+		return s, false
+	}
+	s.Out[i].Tokens -= out
+	if s.Out[i].Tokens == 0 {
+		s.Out[i] = Out{}
+	}
+	if back > 0 {
+		s.Tokens = min(s.Tokens+min(back, out), Room(l, s))
+	}
+	return s, true
+}
+
+// Lend records that g millitokens have gone from s's tokens into a lease
+// expiring in window n, and keep more that the holder kept of an earlier
+// lease it reported on (Return with back zero): they are out again,
+// until the new window. It reports false, changing nothing, when s holds
+// fewer than g tokens or no slot is free for window n (every slot holds
+// a window not yet freed, which LeaseSlots rules out for a writer that
+// freed the expired ones first).
+func Lend(s State, n, g, keep int64) (State, bool) {
+	if g < 0 || keep < 0 || g > s.Tokens {
+		return s, false
+	}
+	if g+keep == 0 {
+		return s, true
+	}
+	i := slotOf(s, n)
+	if i < 0 {
+		i = slotOf(s, 0)
+	}
+	if i < 0 {
+		return s, false
+	}
+	s.Tokens -= g
+	s.Out[i].Window = n
+	s.Out[i].Tokens += g + keep
+	return s, true
+}
+
+// slotOf is the index of s's slot of window n (0: a free slot), or -1.
+func slotOf(s State, n int64) int {
+	for i, o := range s.Out {
+		if o.Window == n && (n != 0 || o.Tokens == 0) {
+			return i
+		}
+	}
+	return -1
+}
