@@ -125,6 +125,12 @@ type holding struct {
 	// busy: a renewal or return of this lease is under way; no second
 	// one starts. renewing: it is a renewal (a grant is on its way).
 	busy, renewing bool
+	// out is what the store counts out for this lease, per res.Limits,
+	// in expiry window win (0: nothing; leasereport.go); reporting: a
+	// write carries that report, and no other may.
+	out       []int64
+	win       int64
+	reporting bool
 	// gone: Due forgot it (empty and unused for two horizons) after a
 	// caller found it in the map and before that caller locked it.
 	// Nothing is put into a gone holding: it would be stranded there.
@@ -203,6 +209,15 @@ func (h *holding) align(res Resolved, fp string) {
 		if j := slices.IndexFunc(h.res.Limits, func(o bucket.Limit) bool { return o.Name == l.Name }); j >= 0 && j < len(h.own) {
 			own[i], quick[i], fleet[i] = h.own[j], h.quick[j], h.fleet[j]
 		}
+	}
+	if h.win != 0 {
+		out := make([]int64, n)
+		for j, l := range h.res.Limits {
+			if i := slices.IndexFunc(res.Limits, func(o bucket.Limit) bool { return o.Name == l.Name }); i >= 0 && j < len(h.out) {
+				out[i] = h.out[j]
+			}
+		}
+		h.out = out
 	}
 	h.fp, h.res, h.own, h.quick, h.fleet = fp, res, own, quick, fleet
 	h.unmet, h.dryAt = make([]int64, n), 0
@@ -361,6 +376,11 @@ func (ls *Leases[K]) Credit(b *LeaseBucket[K], grant []int64, view BucketView, w
 	h.refilled()
 	h.grantedAt = now
 	h.expires = now + 2*ls.Horizon()
+	if h.win != 0 {
+		// Never spent past its window's end: the store frees the window
+		// a margin after it, for any writer's clock.
+		h.expires = min(h.expires, h.win*ls.LeaseWindowMs())
+	}
 	h.used = max(h.used, now)
 	ls.stats.Leased.Add(uint64(sum))
 	ls.stats.LeaseOutstanding.Add(sum)
@@ -416,10 +436,12 @@ func (ls *Leases[K]) Due(now int64) []LeaseBucket[K] {
 		h.mu.Lock()
 		switch {
 		case h.busy:
-		case h.held() > 0 && (now >= h.expires || now-h.used >= ls.Horizon()):
+		case (h.held() > 0 || h.win != 0) && (now >= h.expires || now-h.used >= ls.Horizon()):
+			// A lease spent to nothing still reports, so that the store
+			// stops counting its tokens out before its window ends.
 			h.busy = true
 			out = append(out, LeaseBucket[K]{Key: k, Res: h.res, FP: h.fp})
-		case h.held() == 0 && now-h.used >= 2*ls.Horizon():
+		case h.held() == 0 && h.win == 0 && !h.reporting && now-h.used >= 2*ls.Horizon():
 			h.gone = true
 			delete(ls.m, k)
 		}
@@ -435,7 +457,7 @@ func (ls *Leases[K]) All() []LeaseBucket[K] {
 	var out []LeaseBucket[K]
 	for k, h := range ls.m {
 		h.mu.Lock()
-		if h.held() > 0 {
+		if h.held() > 0 || h.win != 0 {
 			h.busy = true
 			out = append(out, LeaseBucket[K]{Key: k, Res: h.res, FP: h.fp})
 		}

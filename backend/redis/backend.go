@@ -353,7 +353,7 @@ func (b *Backend) script1(batch []*pending) {
 	ctx, cancel := backend.BatchContext(ctxs)
 	defer cancel()
 	now := b.opts.Now()
-	keys, argv := scriptArgs(now, groups)
+	keys, argv := scriptArgs(now, b.leaseWindow(), groups)
 	b.stats.Scripts.Add(1)
 	b.stats.Coalesced.Add(uint64(len(batch) - 1))
 	var reply []rueidis.RedisMessage
@@ -374,7 +374,7 @@ func (b *Backend) script1(batch []*pending) {
 			if p.err = r.err; p.err == nil {
 				p.allowed, p.after = r.allowed[at[i].call], r.after[at[i].call]
 				if r.granted != nil {
-					p.granted, p.cut = r.granted[at[i].call], r.cut[at[i].call]
+					p.granted, p.cut, p.kept = r.granted[at[i].call], r.cut[at[i].call], r.kept[at[i].call]
 				}
 			}
 		}
@@ -382,6 +382,15 @@ func (b *Backend) script1(batch []*pending) {
 			p.wake <- struct{}{}
 		}
 	}
+}
+
+// leaseWindow is the width (ms) of the windows leases expire in: its
+// leases', or, without leases, any (nothing is leased).
+func (b *Backend) leaseWindow() int64 {
+	if b.leases == nil {
+		return bucket.ExpiryMargin
+	}
+	return b.leases.LeaseWindowMs()
 }
 
 // callAt is where a call of a batch went: its group, and its place there.

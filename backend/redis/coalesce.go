@@ -65,6 +65,7 @@ type pending struct {
 	after   []bucket.State
 	granted []int64 // a lease call's grant, per limit
 	cut     []int64 // what the burst cut off what it gave back
+	kept    []int64 // what of its tokens the lease kept out on lease
 	err     error
 }
 

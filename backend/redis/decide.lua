@@ -35,22 +35,30 @@
 -- written with string.format's %d, which costs Redis less than %.0f or
 -- tostring.
 --
--- ARGV: now; the number of layouts, and per layout cfg (fingerprint of
--- its limits), n, and n times: name, amount, period, burst; the number of
--- groups, and per group: the number of its keys, per key its layout (an
--- index) and ttl (ms; 0 keeps the bucket forever); then the number of its
--- calls, and per call mode ("d" decide, "r" refund, "l" decide for a
--- replica with leases) and per key and limit its cost (for a refund, what
--- it gives back); a lease call then has, per key and limit, what its
--- lease gives back before the decision, and then the grant it asks for
--- after it. Every amount in millitokens, every time in milliseconds.
+-- ARGV: now; the width (ms) of lease expiry windows; the number of
+-- layouts, and per layout cfg (fingerprint of its limits), n, and n
+-- times: name, amount, period, burst; the number of groups, and per
+-- group: the number of its keys, per key its layout (an index) and ttl
+-- (ms; 0 keeps the bucket forever); then the number of its calls, and
+-- per call mode ("d" decide, "r" refund, "l" decide for a replica with
+-- leases) and per key and limit its cost (for a refund, what it gives
+-- back); a lease call then has, per key and limit, what its lease gives
+-- back before the decision, the grant it asks for after it, and its
+-- report: what the bucket counts out for the lease, what of its tokens
+-- the lease keeps, the window they are out in, and the window of the
+-- new lease. Every amount in millitokens, every time in milliseconds.
 -- KEYS: every group's keys, in order.
 --
 -- Reply, per group: "ok", then per call allowed (1 or 0) and per key and
 -- limit the tokens and clock after it, as integers, and for a lease call
--- then per key and limit the grant it took, the consumed total after it
--- and what the burst cut off what it gave back; or, when a key of the group holds something other than a hash,
--- Redis's error, and the group changes nothing (the other groups go on).
+-- then per key and limit the grant it took, the consumed total after it,
+-- what the burst cut off what it gave back, what of its tokens the lease
+-- kept out, and what every lease of the bucket holds after it; or, when
+-- a key of the group holds something other than a hash, Redis's error,
+-- and the group changes nothing (the other groups go on).
+-- Tokens out on lease count against the burst (bucket.State.Out): a
+-- limit's field ol lists them by expiry window, refill stops at the
+-- burst less their sum, and a window is freed a margin after it ends.
 -- A lease's grant leaves the bucket like an admission: it counts in the
 -- consumed total when it is taken, and what comes back adds to the
 -- tokens, never to that total.
@@ -84,9 +92,13 @@ local function gcd(a, b)
 end
 
 -- bucket.Refill, at a rate of da millitokens every dt ms (amount / period
--- in lowest terms; da is 0 for an amount of 0).
+-- in lowest terms; da is 0 for an amount of 0), up to burst less what
+-- leases hold (bucket.Room; burst here is that room).
 local function refill(dt, da, burst, tk, rf, now)
-  if tk >= burst then return burst, now end
+  if tk >= burst then
+    if rf > now then return burst, rf end
+    return burst, now
+  end
   if tk < 0 then tk = 0 end
   if rf > now or da == 0 then return tk, rf end
   local steps = fdiv(now - rf, dt)
@@ -110,6 +122,10 @@ local reply, nr = {}, 0
 -- staleness; per limit its layout entry, state and what calls spent.
 local bkey, blay, bttl, bfirst, bstale = {}, {}, {}, {}, {}
 local lims, tks, rfs, tcs, spent, costs, grants, cuts = {}, {}, {}, {}, {}, {}, {}, {}
+-- Per limit, its leases out (bucket.State.Out): a flat list of window,
+-- tokens pairs, their sum, whether they changed, and what a lease call
+-- kept out of what it reported.
+local outs, outsum, outdirty, kepts = {}, {}, {}, {}
 local set = {}
 
 -- take moves amount out of limit j's bucket (of the group in hand),
@@ -126,14 +142,88 @@ local function take(j, amount)
   end
 end
 
--- give puts amount back into limit j's bucket, never above its burst,
--- and returns what the burst cut off.
+-- give puts amount back into limit j's bucket, never above its burst
+-- less what its leases hold, and returns what that cut off.
 local function give(j, amount, now)
-  local burst = lims[j].burst
+  local burst = lims[j].burst - outsum[j]
+  if burst < 0 then burst = 0 end
   local tk, cut = tks[j] + amount, 0
   if tk >= burst then tk, rfs[j], cut = burst, now, tk - burst end
   tks[j] = tk
   return cut
+end
+
+-- readOut parses limit j's leases out (field ol: "window:tokens,...").
+local function readOut(j, s)
+  local o, sum = {}, 0
+  if s then
+    for w, t in string.gmatch(s, '(%d+):(%d+)') do
+      o[#o + 1] = num(w); o[#o + 1] = num(t); sum = sum + num(t)
+    end
+  end
+  outs[j], outsum[j], outdirty[j] = o, sum, false
+end
+
+-- expire frees limit j's windows that ended (window * width) more than
+-- the margin before now (bucket.Expire). It runs after the refill, so
+-- that the room it makes refills from now on.
+local function expire(j, width, now)
+  local o, keep, sum = outs[j], {}, 0
+  for i = 1, #o, 2 do
+    if o[i] * width + 2000 < now then
+      outdirty[j] = true
+    else
+      keep[#keep + 1] = o[i]; keep[#keep + 1] = o[i + 1]; sum = sum + o[i + 1]
+    end
+  end
+  outs[j], outsum[j] = keep, sum
+end
+
+-- report takes a lease's report off limit j (bucket.Return): of out
+-- tokens it had out in window win, back come back to the bucket. It
+-- returns false when no window win holds out: it was freed, and the
+-- tokens with it.
+local function report(j, win, out, back, now)
+  if out <= 0 then return back <= 0 end
+  local o = outs[j]
+  for i = 1, #o, 2 do
+    if o[i] == win and o[i + 1] >= out then
+      o[i + 1] = o[i + 1] - out
+      if o[i + 1] == 0 then table.remove(o, i + 1); table.remove(o, i) end
+      outsum[j] = outsum[j] - out
+      outdirty[j] = true
+      if back > 0 then
+        if back > out then back = out end
+        cuts[j] = give(j, back, now)
+      end
+      return true
+    end
+  end
+  return false
+end
+
+-- lend counts amount out on lease in window win (bucket.Lend), when a
+-- slot is free for it.
+local function lend(j, win, amount)
+  if amount <= 0 then return true end
+  local o = outs[j]
+  for i = 1, #o, 2 do
+    if o[i] == win then
+      o[i + 1] = o[i + 1] + amount
+      outsum[j] = outsum[j] + amount; outdirty[j] = true
+      return true
+    end
+  end
+  if #o >= 10 then return false end
+  o[#o + 1] = win; o[#o + 1] = amount
+  outsum[j] = outsum[j] + amount; outdirty[j] = true
+  return true
+end
+
+local function writeOut(j)
+  local o, parts = outs[j], {}
+  for i = 1, #o, 2 do parts[#parts + 1] = int(o[i]) .. ':' .. int(o[i + 1]) end
+  return table.concat(parts, ',')
 end
 
 -- consumedNow is limit j's consumed total with what the group took so
@@ -151,7 +241,7 @@ end
 
 -- group decides one group's calls, from ARGV[at] and KEYS[key] on, into
 -- reply, and returns where the next group starts.
-local function group(now, layouts, at, key)
+local function group(now, width, layouts, at, key)
   local nb, n = num(ARGV[at]), 0
   for k = 1, nb do
     local lay = layouts[num(ARGV[at + 2 * k - 1])]
@@ -167,7 +257,7 @@ local function group(now, layouts, at, key)
   local nextGroup = calls
   for _ = 1, ncalls do
     if ARGV[nextGroup] == 'l' then
-      nextGroup = nextGroup + 1 + 3 * n
+      nextGroup = nextGroup + 1 + 7 * n
     else
       nextGroup = nextGroup + 1 + n
     end
@@ -193,23 +283,30 @@ local function group(now, layouts, at, key)
     local ls, first = lay.limits, bfirst[k]
     for i = 1, #ls do
       local l, j = ls[i], first + i
-      local tk, rf = num(st[3 * i - 1]), num(st[3 * i])
-      tcs[j] = st[3 * i + 1]
+      local tk, rf = num(st[4 * i - 2]), num(st[4 * i - 1])
+      tcs[j] = st[4 * i]
+      readOut(j, tk and rf and st[4 * i + 1])
       if tk and rf and stale then
         local ra, rp, bx
         if rates then ra, rp, bx = num(rates[3 * i - 2]), num(rates[3 * i - 1]), num(rates[3 * i]) end
         if ra and rp and bx then
           local dt, da = lowest(ra, rp)
-          tk, rf = refill(dt, da, bx, tk, rf, now)
+          local room = bx - outsum[j]
+          if room < 0 then room = 0 end
+          tk, rf = refill(dt, da, room, tk, rf, now)
         else
           tk = nil
+          readOut(j, nil)
         end
       end
+      local room = l.burst - outsum[j]
+      if room < 0 then room = 0 end
       if tk and rf then
-        tks[j], rfs[j] = refill(l.dt, l.da, l.burst, tk, rf, now)
+        tks[j], rfs[j] = refill(l.dt, l.da, room, tk, rf, now)
       else
-        tks[j], rfs[j] = l.burst, now
+        tks[j], rfs[j] = room, now
       end
+      expire(j, width, now)
     end
   end
 
@@ -221,6 +318,7 @@ local function group(now, layouts, at, key)
   nr = nr + 1; reply[nr] = 'ok'
   local write = false
   for j = 1, n do spent[j] = 0; costs[j] = false end
+  for j = 1, n do if outdirty[j] then write = true end end
   at = calls
   for _ = 1, ncalls do
     local allowed, mode = true, ARGV[at]
@@ -229,13 +327,19 @@ local function group(now, layouts, at, key)
       for j = 1, n do give(j, num(ARGV[at + j]), now) end
     else
       if mode == 'l' then
-        -- A lease call: what the replica's lease gives back goes in
-        -- first (the decision may spend it), then the cost is decided,
-        -- then the grant, in whole tokens, from what the bucket holds.
+        -- A lease call: the report on the replica's lease goes in first
+        -- (what it gives back, the decision may spend), then the cost is
+        -- decided, then the grant, in whole tokens, from what the bucket
+        -- holds, out on lease with what the lease kept.
         for j = 1, n do
-          local back = num(ARGV[at + n + j])
-          cuts[j] = 0
-          if back > 0 then write = true; cuts[j] = give(j, back, now) end
+          local back, out = num(ARGV[at + n + j]), num(ARGV[at + 3 * n + j])
+          local win = num(ARGV[at + 5 * n + j])
+          cuts[j], kepts[j] = 0, num(ARGV[at + 4 * n + j])
+          if out > 0 or back > 0 then write = true end
+          if not report(j, win, out, back, now) then
+            -- Its window was freed: nothing it held is covered any more.
+            cuts[j], kepts[j] = back, 0
+          end
         end
       end
       for j = 1, n do
@@ -250,10 +354,15 @@ local function group(now, layouts, at, key)
       if mode == 'l' then
         for j = 1, n do
           local g, want = 0, num(ARGV[at + 2 * n + j])
+          local win = num(ARGV[at + 6 * n + j])
           if allowed and want > 0 and tks[j] >= 1000 then
             g = tks[j] - fmod(tks[j], 1000)
             if want < g then g = want end
-            write = true; take(j, g)
+          end
+          if lend(j, win, g + kepts[j]) then
+            if g > 0 then write = true; take(j, g) end
+          else
+            g, kepts[j] = 0, 0
           end
           grants[j] = g
         end
@@ -267,13 +376,15 @@ local function group(now, layouts, at, key)
     end
     if mode == 'l' then
       -- Then per limit the grant, the consumed total after it (for
-      -- the fleet's demand; approximate past 2^53), and what the burst
-      -- cut off what the lease gave back.
+      -- the fleet's demand; approximate past 2^53), what the burst
+      -- cut off what the lease gave back, what of its tokens the lease
+      -- kept out, and what the fleet's leases hold after it.
       for j = 1, n do
         reply[nr + 1] = grants[j]; reply[nr + 2] = consumedNow(j); reply[nr + 3] = cuts[j]
-        nr = nr + 3
+        reply[nr + 4] = kepts[j]; reply[nr + 5] = outsum[j]
+        nr = nr + 5
       end
-      at = at + 1 + 3 * n
+      at = at + 1 + 7 * n
     else
       at = at + 1 + n
     end
@@ -300,6 +411,10 @@ local function group(now, layouts, at, key)
       set[m + 1] = l.tk; set[m + 2] = int(tks[j])
       set[m + 3] = l.rf; set[m + 4] = int(rfs[j])
       m = m + 4
+      if outdirty[j] then
+        set[m + 1] = l.ol; set[m + 2] = writeOut(j)
+        m = m + 2
+      end
       if stale then
         set[m + 1] = l.f .. 'cp'; set[m + 2] = l.amountArg
         set[m + 3] = l.f .. 'ra'; set[m + 4] = l.amountArg
@@ -351,22 +466,23 @@ local function group(now, layouts, at, key)
 end
 
 -- The layouts, each with the fields a read fetches (cfg, then per limit
--- tk, rf, tc), those of its stored rates, and its limits' field prefixes.
-local now = num(ARGV[1])
-local layouts, at = {}, 3
-for li = 1, num(ARGV[2]) do
+-- tk, rf, tc, ol), those of its stored rates, and its limits' field
+-- prefixes.
+local now, width = num(ARGV[1]), num(ARGV[2])
+local layouts, at = {}, 4
+for li = 1, num(ARGV[3]) do
   local lay = {cfg = ARGV[at], limits = {}, fields = {'cfg'}, rates = {}, keep = {}}
   at = at + 2
   for i = 1, num(ARGV[at - 1]) do
     local f = 'b_' .. ARGV[at] .. '_'
     local amount, period = num(ARGV[at + 1]), num(ARGV[at + 2])
     local dt, da = lowest(amount, period)
-    local l = {f = f, tk = f .. 'tk', rf = f .. 'rf', tc = f .. 'tc',
+    local l = {f = f, tk = f .. 'tk', rf = f .. 'rf', tc = f .. 'tc', ol = f .. 'ol',
       burst = num(ARGV[at + 3]), dt = dt, da = da,
       amountArg = ARGV[at + 1], periodArg = ARGV[at + 2], burstArg = ARGV[at + 3]}
     lay.limits[i] = l
     local fs, rs = lay.fields, lay.rates
-    fs[3 * i - 1], fs[3 * i], fs[3 * i + 1] = l.tk, l.rf, l.tc
+    fs[4 * i - 2], fs[4 * i - 1], fs[4 * i], fs[4 * i + 1] = l.tk, l.rf, l.tc, l.ol
     rs[3 * i - 2], rs[3 * i - 1], rs[3 * i] = f .. 'ra', f .. 'rp', f .. 'bx'
     lay.keep[f] = true
     at = at + 4
@@ -377,6 +493,6 @@ end
 local key = 1
 at = at + 1
 for _ = 1, num(ARGV[at - 1]) do
-  at, key = group(now, layouts, at, key)
+  at, key = group(now, width, layouts, at, key)
 end
 return reply

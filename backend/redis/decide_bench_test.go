@@ -127,7 +127,7 @@ return 'ok'`)
 		b.Run(s.name, func(b *testing.B) {
 			ctx := b.Context()
 			now := time.Now().UnixMilli()
-			keys, argv := scriptArgs(now, groups)
+			keys, argv := scriptArgs(now, bucket.ExpiryMargin, groups)
 			if err := s.script.Exec(ctx, client, keys, argv).Error(); err != nil {
 				b.Fatal(err)
 			}

@@ -111,31 +111,40 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 	lc := &leaseCall{p: p, lbs: lbs, req: req, limits: limits, done: make(chan struct{})}
 	if !req.Refund {
 		off := 0
+		lc.reps = make([]*backend.LeaseReport, len(lbs))
 		for i := range lbs {
 			n := len(lbs[i].Res.Limits)
-			back := b.leases.Withdraw(&lbs[i])
+			// The call folds the lease and reports on it, unless another
+			// run carries its report: then the lease's tokens stay with
+			// it, and the call grants nothing (the grant would be counted
+			// out where that report's answer does not know of it).
+			back, rep, folds := b.leases.Fold(&lbs[i])
 			if back == nil {
 				back = make([]int64, n)
 			}
-			p.call.back = append(p.call.back, back...)
 			// One grant on the way per lease: the calls that miss it
 			// together (one run, or runs in flight at once) would each
 			// take a lease's worth, and the replica would hold many.
 			var want []int64
-			if b.leases.StartRenewal(&lbs[i]) {
-				lc.granting = append(lc.granting, lbs[i].Key)
-				want = b.leases.Wants(&lbs[i], p.call.costs[off:off+n], now, rtt)
+			if folds {
+				lc.reps[i] = &rep
+				if b.leases.StartRenewal(&lbs[i]) {
+					lc.granting = append(lc.granting, lbs[i].Key)
+					want = b.leases.Wants(&lbs[i], p.call.costs[off:off+n], now, rtt)
+				}
 			}
 			if want == nil {
 				want = make([]int64, n)
 			}
+			p.call.back = append(p.call.back, back...)
 			p.call.want = append(p.call.want, want...)
+			p.call.addReport(rep, nil, n, b.leases.NextWindow(now))
 			off += n
 		}
 	}
 	if !b.detach(ctx, lc) {
 		b.idle(lc)
-		b.settleLost(lc)
+		b.settleLost(lc, true)
 		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, errClosed)
 	}
 	select {
@@ -174,8 +183,10 @@ type leaseCall struct {
 	req    *backend.Request
 	limits []bucket.Limit
 	// granting are the leases whose grant this call asks for (marked
-	// busy, as a renewal, until it is credited).
+	// busy, as a renewal, until it is credited); reps, per lease, the
+	// report the call carries on it (nil: none).
 	granting []string
+	reps     []*backend.LeaseReport
 	state    atomic.Int32
 	done     chan struct{}
 	// The answer, set before done closes.
@@ -215,7 +226,7 @@ func (b *Backend) settle(lc *leaseCall, err error) {
 		err = p.err
 	}
 	if err != nil {
-		b.settleLost(lc)
+		b.settleLost(lc, false)
 		lc.err = err
 		lc.state.CompareAndSwap(callPending, callAnswered)
 		return
@@ -225,15 +236,14 @@ func (b *Backend) settle(lc *leaseCall, err error) {
 		lc.state.CompareAndSwap(callPending, callAnswered)
 		return
 	}
-	b.credit(lc.lbs, p, now)
+	b.credit(lc.lbs, lc.reps, p, now)
 	lc.results, lc.err = resultsOf(lc.req, lc.limits, p.call.costs, p.granted, p.after, p.allowed, now)
 	if !lc.state.CompareAndSwap(callPending, callAnswered) && p.allowed && lc.req.Hits > 0 {
-		off := 0
-		for i := range lc.lbs {
-			n := len(lc.lbs[i].Res.Limits)
-			b.leases.Add(&lc.lbs[i], p.call.costs[off:off+n], b.opts.Now())
-			off += n
-		}
+		// Its caller had gone: the tokens its admission took are lost.
+		// They left the bucket as spent, not as a lease, so a lease that
+		// spent them later could spend them on top of a bucket refilled
+		// meanwhile.
+		b.leases.Drop(p.call.costs)
 	}
 }
 
@@ -246,19 +256,36 @@ func (b *Backend) idle(lc *leaseCall) {
 
 // settleLost counts as dropped what a lease call took out of its lease
 // to give back when its run failed: whether the run landed or not, the
-// lease no longer has it.
-func (b *Backend) settleLost(lc *leaseCall) {
+// lease no longer has it. The reports it carried are the leases' again
+// when the run certainly did not land (sure), and lost otherwise.
+func (b *Backend) settleLost(lc *leaseCall, sure bool) {
 	b.leases.Drop(lc.p.call.back)
+	for i, rep := range lc.reps {
+		if rep != nil {
+			b.leases.Unreported(&lc.lbs[i], *rep, sure)
+		}
+	}
 }
 
 // credit gives each lease of lbs what p's run granted it, with the bucket
 // as the run left it, and counts what p gave back, and what of it the
 // burst cut off (a bucket that refilled while the lease was out).
-func (b *Backend) credit(lbs []backend.LeaseBucket[string], p *pending, now int64) {
+func (b *Backend) credit(lbs []backend.LeaseBucket[string], reps []*backend.LeaseReport, p *pending, now int64) {
 	off := 0
 	for i := range lbs {
 		lb := &lbs[i]
 		n := len(lb.Res.Limits)
+		if i < len(reps) && reps[i] != nil {
+			var kept []int64
+			if p.kept != nil {
+				kept = p.kept[off : off+n : off+n]
+			}
+			var grant []int64
+			if p.granted != nil {
+				grant = p.granted[off : off+n : off+n]
+			}
+			b.leases.Reported(lb, kept, grant, p.call.newWin[off], now)
+		}
 		v := &view{cfg: lb.FP, limits: lb.Res.Limits, states: p.after[off : off+n : off+n]}
 		if ttl := p.buckets[i].ttlMs; ttl > 0 {
 			v.expires = now + ttl
@@ -339,25 +366,49 @@ func (b *Backend) background(ctx context.Context, lb backend.LeaseBucket[string]
 	p := &pending{ctx: ctx, buckets: []scriptBucket{b.plan(lb.Res, lb.Key)}}
 	p.call = scriptCall{lease: true, costs: make([]int64, n)}
 	now := b.opts.Now()
+	var rep backend.LeaseReport
+	var keep []int64
+	var ok bool
 	if giveBack {
-		p.call.back = b.leases.Withdraw(&lb)
-		if p.call.back == nil {
+		p.call.back, rep, ok = b.leases.Fold(&lb)
+		if !ok || (p.call.back == nil && rep.Window == 0) {
+			if ok {
+				b.leases.Unreported(&lb, rep, true)
+			}
 			return
 		}
 	} else {
 		// A renewal that asks for nothing (a bucket at its limit) still
 		// runs: it reads the bucket, so that the calls this replica
 		// cannot send to Redis in time are denied from a recent view
-		// rather than left to the failure policy once it has aged.
+		// rather than left to the failure policy once it has aged. It
+		// reports on the lease, whose tokens stay out in the new window.
+		if keep, rep, ok = b.leases.Renewing(&lb); !ok {
+			return
+		}
 		p.call.want = b.leases.Wants(&lb, nil, now, b.rtt.Ms())
 	}
+	p.call.addReport(rep, keep, n, b.leases.NextWindow(now))
 	start := time.Now()
 	if err := b.run(ctx, p); err != nil || p.err != nil {
 		b.leases.Drop(p.call.back)
+		b.leases.Unreported(&lb, rep, false)
 		return
 	}
 	b.rtt.Observe(time.Since(start))
-	b.credit([]backend.LeaseBucket[string]{lb}, p, p.now)
+	b.credit([]backend.LeaseBucket[string]{lb}, []*backend.LeaseReport{&rep}, p, p.now)
+}
+
+// addReport appends to c, for a bucket of n limits, the report rep on its
+// lease, what of it the lease keeps (nil: nothing), and the window of the
+// lease the call takes.
+func (c *scriptCall) addReport(rep backend.LeaseReport, keep []int64, n int, newWin int64) {
+	for j := range n {
+		c.out = append(c.out, at(rep.Out, j))
+		c.keep = append(c.keep, at(keep, j))
+		c.win = append(c.win, rep.Window)
+		c.newWin = append(c.newWin, newWin)
+	}
 }
 
 // returnLease gives lb's lease back to its bucket (Leases.Sweep, Close).

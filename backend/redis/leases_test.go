@@ -14,46 +14,69 @@ import (
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
 )
 
-// A lease call gives its lease back first, is decided, and then takes its
-// grant in whole tokens from what is left, all counted in the consumed
-// total when they leave the bucket; a denied call takes no grant, and
-// what comes back never lifts the bucket above its burst.
+// A lease call reports on its lease first (what it gives back comes back
+// only from a window that still counts it out), is decided, and then
+// takes its grant in whole tokens from what is left, all counted in the
+// consumed total when they leave the bucket, and out on lease in the new
+// window with what the lease kept; a denied call takes no grant, what
+// comes back never lifts the bucket above its burst less what is out,
+// and a report on a window already freed gives nothing back.
 func TestScriptLeaseCall(t *testing.T) {
 	srv := redistest.Require(t)
-	c := newClient(t, srv)
+	rc := newClient(t, srv)
 	l := bucket.Limit{Name: "x", Amount: 10 * bucket.Milli, Period: 1000, Burst: 10 * bucket.Milli}
 	b := scriptBucket{key: "{lease}:a", cfg: bucket.Fingerprint([]bucket.Limit{l}), limits: []bucket.Limit{l}}
-	const now = 1_700_000_000_000
-	call := func(cost, back, want int64) (bool, int64, int64, int64, int64) {
-		t.Helper()
-		r := runScript(t, c, now, []scriptGroup{{buckets: []scriptBucket{b},
-			calls: []scriptCall{{lease: true, costs: []int64{cost}, back: []int64{back}, want: []int64{want}}}}})
+	const now = int64(1_700_000_000_000)
+	w := now/bucket.ExpiryMargin + 5 // a window that has not ended
+	type report struct{ back, out, keep, win, newWin int64 }
+	for i, c := range []struct {
+		cost, want int64
+		rep        report
+		allowed    bool
+		tokens, granted, consumed, cut, kept, out int64
+	}{
+		{cost: 1000, want: 5000, rep: report{newWin: w}, allowed: true, tokens: 4000, granted: 5000, consumed: 6000, out: 5000},
+		// 4 + 5 back = 9, less 1 = 8: all 8 granted of the 100 asked.
+		{cost: 1000, want: 100_000, rep: report{back: 5000, out: 5000, win: w, newWin: w}, allowed: true, tokens: 0, granted: 8000, consumed: 15_000, out: 8000},
+		{cost: 1000, want: 5000, rep: report{newWin: w}, allowed: false, tokens: 0, granted: 0, consumed: 15_000, out: 8000},
+		// 20 back of a lease of 8: only the 8 it had out come back; then
+		// half a token less grants only whole tokens.
+		{cost: 500, want: 100_000, rep: report{back: 20_000, out: 8000, win: w, newWin: w + 1}, allowed: true, tokens: 500, granted: 7000, consumed: 22_500, out: 7000},
+		// A report on a window the bucket does not count: nothing back.
+		{cost: 0, want: 0, rep: report{back: 3000, out: 3000, win: w - 3, newWin: w + 1}, allowed: true, tokens: 500, consumed: 22_500, cut: 3000, out: 7000},
+		// A renewal keeps its 7 out, in the next window.
+		{cost: 0, want: 0, rep: report{out: 7000, keep: 7000, win: w + 1, newWin: w + 2}, allowed: true, tokens: 500, consumed: 22_500, kept: 7000, out: 7000},
+	} {
+		r := runScript(t, rc, now, []scriptGroup{{buckets: []scriptBucket{b}, calls: []scriptCall{{lease: true,
+			costs: []int64{c.cost}, back: []int64{c.rep.back}, want: []int64{c.want}, out: []int64{c.rep.out},
+			keep: []int64{c.rep.keep}, win: []int64{c.rep.win}, newWin: []int64{c.rep.newWin}}}}})
 		if r[0].err != nil {
 			t.Fatal(r[0].err)
 		}
-		return r[0].allowed[0], r[0].after[0][0].Tokens, r[0].granted[0][0], r[0].after[0][0].Consumed, r[0].cut[0][0]
-	}
-	for i, c := range []struct {
-		cost, back, want               int64
-		allowed                        bool
-		tokens, granted, consumed, cut int64
-	}{
-		{cost: 1000, want: 5000, allowed: true, tokens: 4000, granted: 5000, consumed: 6000},
-		// 4 + 5 back = 9, less 1 = 8: all 8 granted of the 100 asked.
-		{cost: 1000, back: 5000, want: 100_000, allowed: true, tokens: 0, granted: 8000, consumed: 15_000},
-		{cost: 1000, want: 5000, allowed: false, tokens: 0, granted: 0, consumed: 15_000},
-		// 20 back to a bucket of 10: capped at the burst; then half a
-		// token less grants only whole tokens.
-		{cost: 500, back: 20_000, want: 100_000, allowed: true, tokens: 500, granted: 9000, consumed: 24_500, cut: 10_000},
-	} {
-		allowed, tokens, granted, consumed, cut := call(c.cost, c.back, c.want)
-		if allowed != c.allowed || tokens != c.tokens || granted != c.granted || consumed != c.consumed || cut != c.cut {
-			t.Errorf("call %d: allowed %v, tokens %d, granted %d, consumed %d, cut %d; want %v, %d, %d, %d, %d",
-				i, allowed, tokens, granted, consumed, cut, c.allowed, c.tokens, c.granted, c.consumed, c.cut)
+		g := r[0]
+		allowed, after := g.allowed[0], g.after[0][0]
+		if allowed != c.allowed || after.Tokens != c.tokens || g.granted[0][0] != c.granted || after.Consumed != c.consumed ||
+			g.cut[0][0] != c.cut || g.kept[0][0] != c.kept || after.Leased() != c.out {
+			t.Errorf("call %d: allowed %v, tokens %d, granted %d, consumed %d, cut %d, kept %d, out %d; want %v, %d, %d, %d, %d, %d, %d",
+				i, allowed, after.Tokens, g.granted[0][0], after.Consumed, g.cut[0][0], g.kept[0][0], after.Leased(),
+				c.allowed, c.tokens, c.granted, c.consumed, c.cut, c.kept, c.out)
 		}
 	}
-	if got := consumedOf(t, srv, b.key, l); got != 24_500 {
-		t.Errorf("the bucket's consumed total is %d, want 24500", got)
+	if got := consumedOf(t, srv, b.key, l); got != 22_500 {
+		t.Errorf("the bucket's consumed total is %d, want 22500", got)
+	}
+	// Once the windows have ended and the margin passed, what they held
+	// is no longer out: refill may fill the burst again, from then on
+	// (the room they leave is not refilled from the clock's past).
+	later := (w+2)*bucket.ExpiryMargin + bucket.ExpiryMargin + 1
+	for _, c := range []struct {
+		at, tokens int64
+	}{{later, 3000}, {later + 700, 10_000}} {
+		r := runScript(t, rc, c.at, []scriptGroup{{buckets: []scriptBucket{b}, calls: []scriptCall{{lease: true,
+			costs: []int64{0}, back: []int64{0}, want: []int64{0}, out: []int64{0}, keep: []int64{0}, win: []int64{0}, newWin: []int64{w + 10}}}}})
+		if got := r[0].after[0][0]; got.Leased() != 0 || got.Tokens != c.tokens {
+			t.Errorf("%d ms after the windows were freed: %d out, %d tokens; want 0 out and %d", c.at-later, got.Leased(), got.Tokens, c.tokens)
+		}
 	}
 }
 
@@ -190,8 +213,8 @@ func TestFarRedisAtTheLimit(t *testing.T) {
 	}
 }
 
-// A lease call whose caller gave up still lands: what it took is in the
-// lease for the next call, and none of it is lost.
+// A lease call whose caller gave up still lands: the grant it took is in
+// the lease for the next call.
 func TestAbandonedLeaseCallWarmsTheKey(t *testing.T) {
 	srv := redistest.Require(t)
 	rb := newBackend(t, newClient(t, srv), Options{LeaseHorizon: 30 * time.Second, Call: farCall(150 * time.Millisecond)})
@@ -224,10 +247,12 @@ func TestAbandonedLeaseCallWarmsTheKey(t *testing.T) {
 	if err := rb.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// One call admitted; the abandoned one's token went into the lease
-	// and back with it.
-	if tk := tokensOf(t, srv, rb.keys.Bucket("cold", "r", ""), l); tk < 999*bucket.Milli || tk > 999*bucket.Milli+10 {
-		t.Errorf("after Close the bucket holds %d millitokens, want 999000 (one admitted)", tk)
+	// One call admitted, and the abandoned one's token spent by nobody:
+	// it left the bucket as spent, not as a lease, and a lease that spent
+	// it later could spend it on top of a bucket refilled meanwhile. The
+	// grant its run took came back with the lease.
+	if tk := tokensOf(t, srv, rb.keys.Bucket("cold", "r", ""), l); tk < 998*bucket.Milli || tk > 998*bucket.Milli+10 {
+		t.Errorf("after Close the bucket holds %d millitokens, want 998000 (one admitted, one lost with its caller)", tk)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 
@@ -38,6 +39,11 @@ type scriptCall struct {
 	costs  []int64
 	back   []int64
 	want   []int64
+	// A lease call's report, per limit (backend.LeaseReport): what the
+	// bucket counts out for the lease, what of it the lease keeps, the
+	// window it is out in, and the window of the new lease.
+	out, keep   []int64
+	win, newWin []int64
 }
 
 // scriptGroup is the calls of a run on one set of buckets under one set
@@ -68,12 +74,13 @@ type groupReply struct {
 	after   [][]bucket.State
 	granted [][]int64
 	cut     [][]int64
+	kept    [][]int64
 }
 
 // scriptArgs lays out the keys and arguments of one run of decideLua:
 // each distinct set of limits once, then the groups, whose buckets name
 // theirs by index.
-func scriptArgs(now int64, groups []scriptGroup) (keys, argv []string) {
+func scriptArgs(now, window int64, groups []scriptGroup) (keys, argv []string) {
 	// The layouts, found by a scan: a run holds few distinct ones.
 	var layouts []scriptBucket
 	layoutOf := func(b scriptBucket) int {
@@ -85,10 +92,10 @@ func scriptArgs(now int64, groups []scriptGroup) (keys, argv []string) {
 		layouts = append(layouts, b)
 		return len(layouts) - 1
 	}
-	nkeys, nargs := 0, 3
+	nkeys, nargs := 0, 4
 	for _, g := range groups {
 		nkeys += len(g.buckets)
-		nargs += 2 + 2*len(g.buckets) + len(g.calls)*(1+3*g.limits())
+		nargs += 2 + 2*len(g.buckets) + len(g.calls)*(1+7*g.limits())
 		for _, b := range g.buckets {
 			layoutOf(b)
 		}
@@ -99,6 +106,7 @@ func scriptArgs(now int64, groups []scriptGroup) (keys, argv []string) {
 	keys = make([]string, 0, nkeys)
 	a := newArgs(nargs)
 	a.int(now)
+	a.int(window)
 	a.int(int64(len(layouts)))
 	for _, l := range layouts {
 		a.str(l.cfg)
@@ -132,11 +140,10 @@ func scriptArgs(now int64, groups []scriptGroup) (keys, argv []string) {
 				a.int(cost)
 			}
 			if c.lease && !c.refund {
-				for i := range c.costs {
-					a.int(at(c.back, i))
-				}
-				for i := range c.costs {
-					a.int(at(c.want, i))
+				for _, v := range [][]int64{c.back, c.want, c.out, c.keep, c.win, c.newWin} {
+					for i := range c.costs {
+						a.int(at(v, i))
+					}
 				}
 			}
 		}
@@ -223,7 +230,7 @@ func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupRepl
 		need := nc * (1 + 2*nlimits)
 		for _, c := range g.calls {
 			if c.lease && !c.refund {
-				need += 3 * nlimits
+				need += 5 * nlimits
 			}
 		}
 		if len(reply)-at < need {
@@ -252,13 +259,17 @@ func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupRepl
 			}
 			if g.calls[c].lease && !g.calls[c].refund {
 				if r.granted == nil {
-					r.granted, r.cut = make([][]int64, nc), make([][]int64, nc)
+					r.granted, r.cut, r.kept = make([][]int64, nc), make([][]int64, nc), make([][]int64, nc)
 				}
-				r.granted[c], r.cut[c] = make([]int64, nlimits), make([]int64, nlimits)
+				r.granted[c], r.cut[c], r.kept[c] = make([]int64, nlimits), make([]int64, nlimits), make([]int64, nlimits)
 				for i := range nlimits {
 					r.granted[c][i] = next()
 					r.after[c][i].Consumed = next()
 					r.cut[c][i] = next()
+					r.kept[c][i] = next()
+					// What the fleet's leases hold, as one slot that never
+					// ends: all a view needs of them is their sum.
+					r.after[c][i].Out[0] = bucket.Out{Window: math.MaxInt64, Tokens: next()}
 				}
 			}
 		}

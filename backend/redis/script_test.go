@@ -19,7 +19,7 @@ import (
 // runScript runs decideLua for groups on a real server.
 func runScript(t *testing.T, c rueidis.Client, now int64, groups []scriptGroup) []groupReply {
 	t.Helper()
-	keys, argv := scriptArgs(now, groups)
+	keys, argv := scriptArgs(now, bucket.ExpiryMargin, groups)
 	reply, err := rueidis.NewLuaScript(decideLua).Exec(context.Background(), c, keys, argv).ToArray()
 	if err != nil {
 		t.Fatalf("script: %v", err)
