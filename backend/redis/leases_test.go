@@ -30,9 +30,9 @@ func TestScriptLeaseCall(t *testing.T) {
 	w := now/bucket.ExpiryMargin + 5 // a window that has not ended
 	type report struct{ back, out, keep, win, newWin int64 }
 	for i, c := range []struct {
-		cost, want int64
-		rep        report
-		allowed    bool
+		cost, want                                int64
+		rep                                       report
+		allowed                                   bool
 		tokens, granted, consumed, cut, kept, out int64
 	}{
 		{cost: 1000, want: 5000, rep: report{newWin: w}, allowed: true, tokens: 4000, granted: 5000, consumed: 6000, out: 5000},
