@@ -108,7 +108,10 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 	}
 	p := &pending{buckets: bs}
 	p.call = scriptCall{refund: req.Refund, lease: !req.Refund, costs: costs(req, limits, p.costBuf[:0])}
-	lc := &leaseCall{p: p, lbs: lbs, req: req, limits: limits, done: make(chan struct{})}
+	// The run may outlive this call, and its caller may reuse req once
+	// Decide returns: the run reads a copy.
+	rq := *req
+	lc := &leaseCall{p: p, lbs: lbs, req: &rq, limits: limits, done: make(chan struct{})}
 	if !req.Refund {
 		off := 0
 		lc.reps = make([]*backend.LeaseReport, len(lbs))
