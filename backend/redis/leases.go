@@ -110,6 +110,7 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 	p.call = scriptCall{refund: req.Refund, lease: !req.Refund, costs: costs(req, limits, p.costBuf[:0])}
 	lc := &leaseCall{p: p, lbs: lbs, req: req, limits: limits, done: make(chan struct{})}
 	if !req.Refund {
+		p.landed = func(p *pending) { p.held = b.creditHeld(lbs, p) }
 		off := 0
 		for i := range lbs {
 			n := len(lbs[i].Res.Limits)
@@ -205,9 +206,10 @@ func (b *Backend) detach(ctx context.Context, lc *leaseCall) bool {
 	})
 }
 
-// settle credits what lc's run granted to the leases and answers lc, or,
-// when its caller has gone, puts the tokens its admission took into the
-// lease: they left the bucket and nobody spent them.
+// settle answers lc, whose run credited the leases as it landed
+// (creditHeld), or, when its caller has gone, puts the tokens its
+// admission took into the lease: they left the bucket and nobody spent
+// them.
 func (b *Backend) settle(lc *leaseCall, err error) {
 	p := lc.p
 	now := p.now
@@ -225,8 +227,16 @@ func (b *Backend) settle(lc *leaseCall, err error) {
 		lc.state.CompareAndSwap(callPending, callAnswered)
 		return
 	}
-	b.credit(lc.lbs, p, now)
-	lc.results, lc.err = resultsOf(lc.req, lc.limits, p.call.costs, p.granted, p.after, p.allowed, now)
+	// An admission reports the bucket with what the leases hold on top,
+	// as a call they pay does: the lease this call withdrew came back in
+	// its run, but a renewal Redis ran before it may have filled the
+	// lease since (its grant is not in the bucket any more). A denial
+	// took no grant, and its lease went back into the bucket.
+	held := p.granted
+	if p.allowed {
+		held = p.held
+	}
+	lc.results, lc.err = resultsOf(lc.req, lc.limits, p.call.costs, held, p.after, p.allowed, now)
 	if !lc.state.CompareAndSwap(callPending, callAnswered) && p.allowed && lc.req.Hits > 0 {
 		off := 0
 		for i := range lc.lbs {
@@ -249,6 +259,21 @@ func (b *Backend) idle(lc *leaseCall) {
 // lease no longer has it.
 func (b *Backend) settleLost(lc *leaseCall) {
 	b.leases.Drop(lc.p.call.back)
+}
+
+// creditHeld credits p's run to the leases of lbs (credit, as it lands)
+// and returns what they hold then, per limit of lbs one after the other.
+func (b *Backend) creditHeld(lbs []backend.LeaseBucket[string], p *pending) []int64 {
+	b.credit(lbs, p, p.now)
+	var held []int64
+	for i := range lbs {
+		h := b.leases.Peek(&lbs[i])
+		if h == nil {
+			h = make([]int64, len(lbs[i].Res.Limits))
+		}
+		held = append(held, h...)
+	}
+	return held
 }
 
 // credit gives each lease of lbs what p's run granted it, with the bucket
@@ -338,6 +363,7 @@ func (b *Backend) background(ctx context.Context, lb backend.LeaseBucket[string]
 	n := len(lb.Res.Limits)
 	p := &pending{ctx: ctx, buckets: []scriptBucket{b.plan(lb.Res, lb.Key)}}
 	p.call = scriptCall{lease: true, costs: make([]int64, n)}
+	p.landed = func(p *pending) { b.credit([]backend.LeaseBucket[string]{lb}, p, p.now) }
 	now := b.opts.Now()
 	if giveBack {
 		p.call.back = b.leases.Withdraw(&lb)
@@ -357,7 +383,6 @@ func (b *Backend) background(ctx context.Context, lb backend.LeaseBucket[string]
 		return
 	}
 	b.rtt.Observe(time.Since(start))
-	b.credit([]backend.LeaseBucket[string]{lb}, p, p.now)
 }
 
 // returnLease gives lb's lease back to its bucket (Leases.Sweep, Close).
