@@ -127,6 +127,11 @@ type bucketKey struct{ entity, resource string }
 type seenItem struct {
 	item *bucketItem // nil: absent
 	at   int64       // epoch ms
+	// guessed: item is as a batch of guessed calls alone left it, having
+	// created it (guessedOnly). If the guess was wrong, every token that
+	// batch took went to answers decided again or to a lease under the
+	// guessed limits (decideOnGuess).
+	guessed bool
 }
 
 // New returns a Backend on api. It does not call DynamoDB; see CheckTable.
@@ -251,6 +256,10 @@ type target struct {
 	// shared: other replicas were seen writing the bucket lately
 	// (markShared).
 	shared bool
+	// overGuess is the item a wrong guess of this call's limits created
+	// (seenItem.guessed), nil if none: planned over, it is a new bucket
+	// under res, not one whose limits changed (plan).
+	overGuess *bucketItem
 	// lease is what this replica's lease on the bucket adds to the
 	// decision, per res.Limits (nil: nothing): withdrawn to be folded
 	// into the write, or, for a local denial, only looked at. grant is
@@ -345,6 +354,11 @@ func (b *Backend) decideOnGuess(ctx context.Context, req *backend.Request, ts []
 		return d, derr
 	}
 	b.stats.GuessesWrong.Add(1)
+	for i := range real {
+		if s, ok := b.seen.Peek(real[i].key); ok && s.guessed {
+			real[i].overGuess = s.item
+		}
+	}
 	return b.decideOn(ctx, req, real, rlevel, false)
 }
 

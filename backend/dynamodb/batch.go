@@ -385,6 +385,11 @@ func (b *Backend) written(ts []target, calls []*call, now int64, wrote bool) {
 	if b.leases != nil {
 		b.leaseWritten(ts, now, wrote)
 	}
+	if wrote && guessedOnly(calls) {
+		for i := range ts {
+			b.markGuessed(&ts[i])
+		}
+	}
 	off := 0
 	for i := range ts {
 		for j, l := range ts[i].res.Limits {
@@ -420,6 +425,38 @@ func (b *Backend) written(ts []target, calls []*call, now int64, wrote bool) {
 		}
 	}
 	b.stats.Coalesced.Add(uint64(max(decided-1, 0)))
+}
+
+// guessedOnly reports whether calls are decisions on a guess of their
+// limits, all of them.
+func guessedOnly(calls []*call) bool {
+	for _, c := range calls {
+		if c.kind != decide || !c.guessed {
+			return false
+		}
+	}
+	return len(calls) > 0
+}
+
+// markGuessed marks t's item, as written by a batch of guessed calls
+// alone, seenItem.guessed when that write created it: planned as new
+// (create, unseen), and its consumed totals are only what this write
+// counted (an unseen write that took from a bucket another replica had
+// made adds to the totals it found).
+func (b *Backend) markGuessed(t *target) {
+	it := t.item
+	if it == nil || (t.mode != create && t.mode != unseen) || it.cfg != t.fp {
+		return
+	}
+	for j, l := range t.res.Limits {
+		if s, ok := it.StateOf(l.Name); !ok || j >= len(t.states) || s.Consumed != t.states[j].Consumed {
+			return
+		}
+	}
+	if s, ok := b.seen.Peek(t.key); ok && s.item == it {
+		s.guessed = true
+		b.seen.Add(t.key, s)
+	}
 }
 
 // unclaimed puts the tokens an admitted call took into this replica's
@@ -542,6 +579,21 @@ func (t *target) plan(now int64) {
 		}
 		for i, l := range limits {
 			t.base[i] = bucket.Full(l, now)
+		}
+	case it.cfg != t.fp && it == t.overGuess:
+		// Created by a wrong guess of its limits and untouched since: no
+		// answer it gave stands, and its lease is folded into this write,
+		// so it is a new bucket under the right limits, full, as the
+		// key's first call finds it. Reconciled instead, it would keep
+		// the guessed burst (a limit of 20 where the entity has 100),
+		// under-admitting far more than the guess took. Its consumed
+		// totals stay: those tokens did leave it.
+		t.mode = rewrite
+		for i, l := range limits {
+			t.base[i] = bucket.Full(l, now)
+			if s, ok := it.StateOf(l.Name); ok {
+				t.base[i].Consumed = s.Consumed
+			}
 		}
 	case it.cfg != t.fp:
 		t.mode = rewrite

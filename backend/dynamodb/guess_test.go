@@ -209,3 +209,48 @@ func TestWrongGuessFindsTheCascade(t *testing.T) {
 		t.Fatalf("%d wrong guesses, want 1", b.Stats().GuessesWrong.Load())
 	}
 }
+
+// A wrong guess that created the bucket leaves it as new under the
+// records' limits: an entity whose own records raise the resource's 20 a
+// minute to 100 starts with 100 tokens, not the 20 of the guess (a bucket
+// reconciled from the guessed one kept them: its first call answered 18
+// with leases on), every answer is one bucket's, and so is the table once
+// the leases are back.
+func TestWrongGuessStartsTheBucketFull(t *testing.T) {
+	e := newEnv(t)
+	guessed := []bucket.Limit{lim(t, "x", "20/min", 0)}
+	own := []bucket.Limit{lim(t, "x", "100/min", 100)}
+	for _, horizon := range []time.Duration{-1, 0} {
+		t.Run(fmt.Sprintf("horizon=%v", horizon), func(t *testing.T) {
+			vip := fmt.Sprint("vip", horizon)
+			if _, err := e.admin(t, "").PutConfig(context.Background(), backend.RecordKey{Entity: vip, Resource: "r"}, own, 0); err != nil {
+				t.Fatal(err)
+			}
+			b := e.replica(t, Options{LeaseHorizon: horizon})
+			mustDecide(t, b, backend.Request{Entity: fmt.Sprint("warm", horizon), Resource: "r", Defaults: guessed, Hits: 1})
+			const n = 5
+			for i := int64(1); i <= n; i++ {
+				d := mustDecide(t, b, backend.Request{Entity: vip, Resource: "r", Defaults: guessed, Hits: 1})
+				if !d.Allowed || d.Level != backend.LevelEntity || d.Results[0].Tokens != (100-i)*bucket.Milli {
+					t.Fatalf("call %d: %+v, want allowed with %d millitokens left, at the entity's level", i, d, (100-i)*bucket.Milli)
+				}
+				// 100 a minute: full again 600 ms a token from now.
+				if want := i * 600; d.Results[0].Wait != want {
+					t.Errorf("call %d: full again in %d ms, want %d", i, d.Results[0].Wait, want)
+				}
+				if b.leases != nil {
+					waitBackground(t, b)
+				}
+			}
+			if w := b.Stats().GuessesWrong.Load(); w != 1 {
+				t.Errorf("%d wrong guesses, want 1", w)
+			}
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if tk := e.tokensIn(t, b, vip, "r", "x"); tk != (100-n)*bucket.Milli {
+				t.Errorf("after Close the bucket holds %d millitokens, want %d", tk, (100-n)*bucket.Milli)
+			}
+		})
+	}
+}

@@ -376,6 +376,9 @@ func (b *Backend) script1(batch []*pending) {
 				if r.granted != nil {
 					p.granted, p.cut, p.kept = r.granted[at[i].call], r.cut[at[i].call], r.kept[at[i].call]
 				}
+				if p.landed != nil {
+					p.landed(p)
+				}
 			}
 		}
 		if p.follower {
@@ -480,11 +483,12 @@ var errDisagree = errors.New("the decision script and backend/bucket disagree")
 // resultsOf is the Results backend/bucket gives for req on the states the
 // script left. A decision's states before the charge are those after it
 // plus the costs when it was allowed (the same states when denied) and
-// what a lease call's grant took after it (granted, nil for none), so
-// bucket.Decide is run again on them here: the answers are its own, and
-// it must agree with the script on the outcome. A refund's results are
-// its states after.
-func resultsOf(req *backend.Request, limits []bucket.Limit, costs, granted []int64, after []bucket.State, allowed bool, now int64) ([]bucket.Result, error) {
+// what this replica's leases hold on top of the bucket after it (held,
+// nil for none: a lease call's grant, and for an admission what its lease
+// holds besides), so bucket.Decide is run again on them here: the answers
+// are its own, and it must agree with the script on the outcome. A
+// refund's results are its states after.
+func resultsOf(req *backend.Request, limits []bucket.Limit, costs, held []int64, after []bucket.State, allowed bool, now int64) ([]bucket.Result, error) {
 	results := make([]bucket.Result, len(limits))
 	if req.Refund {
 		for i, l := range limits {
@@ -499,8 +503,8 @@ func resultsOf(req *backend.Request, limits []bucket.Limit, costs, granted []int
 		if allowed {
 			before[i].Tokens += costs[i]
 		}
-		if i < len(granted) {
-			before[i].Tokens += granted[i]
+		if i < len(held) {
+			before[i].Tokens += held[i]
 		}
 	}
 	if bucket.Decide(limits, before, req.Hits, now, results) != allowed {

@@ -67,6 +67,15 @@ type pending struct {
 	cut     []int64 // what the burst cut off what it gave back
 	kept    []int64 // what of its tokens the lease kept out on lease
 	err     error
+	// landed, when set, is called by the run with the answer in (and no
+	// error), before the call is woken: the runs of a lane, and the
+	// calls of a run, land in the order Redis decided them, so that what
+	// each gave the leases is credited in that order (a renewal's grant
+	// before the lease call Redis ran after it), whatever order their
+	// callers wake in. held is what it leaves for the caller: what the
+	// leases held once the run was credited, per limit (a lease call's).
+	landed func(*pending)
+	held   []int64
 }
 
 func newBatcher(max int, run func([]*pending)) *batcher {

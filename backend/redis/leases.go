@@ -113,6 +113,7 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 	rq := *req
 	lc := &leaseCall{p: p, lbs: lbs, req: &rq, limits: limits, done: make(chan struct{})}
 	if !req.Refund {
+		p.landed = func(p *pending) { p.held = b.creditHeld(lbs, lc.reps, p) }
 		off := 0
 		lc.reps = make([]*backend.LeaseReport, len(lbs))
 		for i := range lbs {
@@ -219,9 +220,9 @@ func (b *Backend) detach(ctx context.Context, lc *leaseCall) bool {
 	})
 }
 
-// settle credits what lc's run granted to the leases and answers lc, or,
-// when its caller has gone, puts the tokens its admission took into the
-// lease: they left the bucket and nobody spent them.
+// settle answers lc, whose run credited the leases as it landed
+// (creditHeld), or, when its caller has gone, counts the tokens its
+// admission took as dropped.
 func (b *Backend) settle(lc *leaseCall, err error) {
 	p := lc.p
 	now := p.now
@@ -239,8 +240,16 @@ func (b *Backend) settle(lc *leaseCall, err error) {
 		lc.state.CompareAndSwap(callPending, callAnswered)
 		return
 	}
-	b.credit(lc.lbs, lc.reps, p, now)
-	lc.results, lc.err = resultsOf(lc.req, lc.limits, p.call.costs, p.granted, p.after, p.allowed, now)
+	// An admission reports the bucket with what the leases hold on top,
+	// as a call they pay does: the lease this call withdrew came back in
+	// its run, but a renewal Redis ran before it may have filled the
+	// lease since (its grant is not in the bucket any more). A denial
+	// took no grant, and its lease went back into the bucket.
+	held := p.granted
+	if p.allowed {
+		held = p.held
+	}
+	lc.results, lc.err = resultsOf(lc.req, lc.limits, p.call.costs, held, p.after, p.allowed, now)
 	if !lc.state.CompareAndSwap(callPending, callAnswered) && p.allowed && lc.req.Hits > 0 {
 		// Its caller had gone: the tokens its admission took are lost.
 		// They left the bucket as spent, not as a lease, so a lease that
@@ -268,6 +277,21 @@ func (b *Backend) settleLost(lc *leaseCall, sure bool) {
 			b.leases.Unreported(&lc.lbs[i], *rep, sure)
 		}
 	}
+}
+
+// creditHeld credits p's run to the leases of lbs (credit, as it lands)
+// and returns what they hold then, per limit of lbs one after the other.
+func (b *Backend) creditHeld(lbs []backend.LeaseBucket[string], reps []*backend.LeaseReport, p *pending) []int64 {
+	b.credit(lbs, reps, p, p.now)
+	var held []int64
+	for i := range lbs {
+		h := b.leases.Peek(&lbs[i])
+		if h == nil {
+			h = make([]int64, len(lbs[i].Res.Limits))
+		}
+		held = append(held, h...)
+	}
+	return held
 }
 
 // credit gives each lease of lbs what p's run granted it, with the bucket
@@ -392,6 +416,7 @@ func (b *Backend) background(ctx context.Context, lb backend.LeaseBucket[string]
 		p.call.want = b.leases.Wants(&lb, nil, now, b.rtt.Ms())
 	}
 	p.call.addReport(rep, keep, n, b.leases.NextWindow(now))
+	p.landed = func(p *pending) { b.credit([]backend.LeaseBucket[string]{lb}, []*backend.LeaseReport{&rep}, p, p.now) }
 	start := time.Now()
 	if err := b.run(ctx, p); err != nil || p.err != nil {
 		b.leases.Drop(p.call.back)
@@ -399,7 +424,6 @@ func (b *Backend) background(ctx context.Context, lb backend.LeaseBucket[string]
 		return
 	}
 	b.rtt.Observe(time.Since(start))
-	b.credit([]backend.LeaseBucket[string]{lb}, []*backend.LeaseReport{&rep}, p, p.now)
 }
 
 // addReport appends to c, for a bucket of n limits, the report rep on its
