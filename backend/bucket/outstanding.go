@@ -82,10 +82,10 @@ func Return(l Limit, s State, n, out, back int64) (State, bool) {
 	if i < 0 || s.Out[i].Tokens < out {
 		return s, false
 	}
+	// The window stays, empty, until it is freed: another writer may
+	// be lending into it at once, in a store whose writes are not
+	// serialized.
 	s.Out[i].Tokens -= out
-	if s.Out[i].Tokens == 0 {
-		s.Out[i] = Out{}
-	}
 	if back > 0 {
 		s.Tokens = min(s.Tokens+min(back, out), Room(l, s))
 	}
@@ -96,9 +96,9 @@ func Return(l Limit, s State, n, out, back int64) (State, bool) {
 // expiring in window n, and keep more that the holder kept of an earlier
 // lease it reported on (Return with back zero): they are out again,
 // until the new window. It reports false, changing nothing, when s holds
-// fewer than g tokens or no slot is free for window n (every slot holds
-// a window not yet freed, which LeaseSlots rules out for a writer that
-// freed the expired ones first).
+// fewer than g tokens or window n's slot (SlotOf) holds another window
+// not yet freed, which LeaseSlots rules out for a writer that freed the
+// expired ones first.
 func Lend(s State, n, g, keep int64) (State, bool) {
 	if g < 0 || keep < 0 || g > s.Tokens {
 		return s, false
@@ -106,11 +106,8 @@ func Lend(s State, n, g, keep int64) (State, bool) {
 	if g+keep == 0 {
 		return s, true
 	}
-	i := slotOf(s, n)
-	if i < 0 {
-		i = slotOf(s, 0)
-	}
-	if i < 0 {
+	i := SlotOf(n)
+	if w := s.Out[i].Window; w != 0 && w != n {
 		return s, false
 	}
 	s.Tokens -= g
@@ -119,12 +116,42 @@ func Lend(s State, n, g, keep int64) (State, bool) {
 	return s, true
 }
 
-// slotOf is the index of s's slot of window n (0: a free slot), or -1.
+// SlotOf is the slot window n is kept in: each window has its own, so
+// that writers who cannot see each other's writes lend into one slot, and
+// a slot is free again before its next window comes (LeaseSlots).
+func SlotOf(n int64) int { return int(n % LeaseSlots) }
+
+// slotOf is the index of s's slot of window n, or -1.
 func slotOf(s State, n int64) int {
-	for i, o := range s.Out {
-		if o.Window == n && (n != 0 || o.Tokens == 0) {
-			return i
-		}
+	if i := SlotOf(n); n > 0 && s.Out[i].Window == n {
+		return i
 	}
 	return -1
+}
+
+// Spend is what a lease paid out of one limit at a moment (ms).
+type Spend struct {
+	At, Tokens int64
+}
+
+// Replay is what one bucket alone would hold at now had a lease's
+// spending hit it when it was made: s is the bucket as its holder's last
+// write left it, when the lease held held of what it had out in window
+// n, and spends is what the lease paid since, in time order. The lease's
+// tokens are the bucket's again (its slot no longer holds out), and the
+// tokens it spent left the bucket when they were spent, so the room they
+// made has refilled since then: nothing of the refill that the burst
+// less what was out stopped is lost. It is exact only while nobody else
+// has written the bucket since s; it reports false, changing nothing,
+// when s no longer counts out in window n.
+func Replay(l Limit, s State, n, out, held int64, spends []Spend, now int64) (State, bool) {
+	x, ok := Return(l, s, n, out, held)
+	if !ok {
+		return s, false
+	}
+	for _, sp := range spends {
+		x = Refill(l, x, max(sp.At, x.Clock))
+		x.Tokens = max(x.Tokens-sp.Tokens, 0)
+	}
+	return Refill(l, x, now), true
 }

@@ -56,6 +56,7 @@ type simWrite struct {
 	at        int64
 	win, out  int64
 	keep, ask int64
+	back      int64 // unspent tokens of an expired lease, given back
 	cost      int64
 	granted   int64
 	newWin    int64
@@ -75,15 +76,17 @@ func (s *spanWorld) admit(n int64) {
 func (s *spanWorld) land(w *simWrite) {
 	at := w.at
 	// Refill before freeing anything: the room a freed window makes is
-	// refilled from now, never from the clock's past.
-	st, _ := Expire(Refill(s.l, s.store, at), s.w, at)
+	// refilled from now, never from the clock's past. The writer's own
+	// report goes first: what its lease held when it expired is unspent.
+	st := Refill(s.l, s.store, at)
 	if w.out > 0 {
-		if next, ok := Return(s.l, st, w.win, w.out, 0); ok {
+		if next, ok := Return(s.l, st, w.win, w.out, w.back); ok {
 			st = next
 		} else {
 			w.keep = 0 // the window was freed: what it kept is lost
 		}
 	}
+	st, _ = Expire(st, s.w, at)
 	denied := st.Tokens < w.cost
 	if denied {
 		w.cost = 0
@@ -196,13 +199,13 @@ func (s *spanWorld) step() {
 // a renewal) and a grant.
 func (s *spanWorld) write(r *simReplica, cost int64) {
 	at := s.clock(r)
-	keep := r.held
+	keep, back := r.held, int64(0)
 	if at >= r.expires && !s.late {
-		keep = 0 // an expired lease is only returned... here, dropped
+		keep, back = 0, r.held // an expired lease is only given back
 		r.held = 0
 	}
 	rtt := 1 + s.r.Int64N(80)
-	w := simWrite{rep: r, at: at, win: r.win, out: r.out, keep: keep,
+	w := simWrite{rep: r, at: at, win: r.win, out: r.out, keep: keep, back: back,
 		ask: Milli * (1 + s.r.Int64N(s.l.Burst/Milli/3+1)), cost: cost,
 		landsAt: s.now + rtt/2, answer: s.now + rtt, lost: s.r.IntN(50) == 0}
 	r.busy = true
@@ -366,5 +369,27 @@ func TestRefillStopsAtRoom(t *testing.T) {
 	}
 	if s = Refill(l, s, 61_000); s.Tokens != 80*Milli {
 		t.Fatalf("a second later: tokens %d; want 80000", s.Tokens)
+	}
+}
+
+// A lone holder's replay is one bucket: a lease spent while the bucket
+// sat at its room loses none of the refill the room stopped.
+func TestReplayIsOneBucket(t *testing.T) {
+	l := Limit{Name: "rps", Amount: 100 * Milli, Period: Second, Burst: 100 * Milli}
+	s, _ := Lend(Full(l, 0), 7, 20*Milli, 0) // 80 in the bucket, 20 out
+	one := []State{Full(l, 0)}
+	res := make([]Result, 1)
+	var spends []Spend
+	for at := int64(100); at <= 1000; at += 100 {
+		spends = append(spends, Spend{At: at, Tokens: 2 * Milli})
+		Decide([]Limit{l}, one, 2, at, res)
+	}
+	got, ok := Replay(l, s, 7, 20*Milli, 20*Milli, spends, 1000)
+	want := Refill(l, one[0], 1000)
+	if !ok || got.Tokens != want.Tokens || got.Leased() != 0 {
+		t.Fatalf("replayed: ok %v, %d tokens, %d out; one bucket holds %d", ok, got.Tokens, got.Leased(), want.Tokens)
+	}
+	if plain := Refill(l, s, 1000); plain.Tokens >= want.Tokens {
+		t.Fatalf("without the replay the bucket holds %d and the lease 0: the test shows nothing", plain.Tokens)
 	}
 }

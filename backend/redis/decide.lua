@@ -125,7 +125,7 @@ local lims, tks, rfs, tcs, spent, costs, grants, cuts = {}, {}, {}, {}, {}, {}, 
 -- Per limit, its leases out (bucket.State.Out): a flat list of window,
 -- tokens pairs, their sum, whether they changed, and what a lease call
 -- kept out of what it reported.
-local outs, outsum, outdirty, kepts = {}, {}, {}, {}
+local outs, outsum, outdirty, kepts, expd = {}, {}, {}, {}, {}
 local set = {}
 
 -- take moves amount out of limit j's bucket (of the group in hand),
@@ -166,17 +166,21 @@ end
 
 -- expire frees limit j's windows that ended (window * width) more than
 -- the margin before now (bucket.Expire). It runs after the refill, so
--- that the room it makes refills from now on.
+-- that the room it makes refills from now on. The windows it frees are
+-- kept aside (expd) for this run's reports: a lease stops being spent
+-- when it expires, so what its holder reports unspent comes back while
+-- its window was still in the bucket.
 local function expire(j, width, now)
-  local o, keep, sum = outs[j], {}, 0
+  local o, keep, sum, gone = outs[j], {}, 0, {}
   for i = 1, #o, 2 do
     if o[i] * width + 2000 < now then
       outdirty[j] = true
+      gone[#gone + 1] = o[i]; gone[#gone + 1] = o[i + 1]
     else
       keep[#keep + 1] = o[i]; keep[#keep + 1] = o[i + 1]; sum = sum + o[i + 1]
     end
   end
-  outs[j], outsum[j] = keep, sum
+  outs[j], outsum[j], expd[j] = keep, sum, gone
 end
 
 -- report takes a lease's report off limit j (bucket.Return): of out
@@ -192,6 +196,19 @@ local function report(j, win, out, back, now)
       if o[i + 1] == 0 then table.remove(o, i + 1); table.remove(o, i) end
       outsum[j] = outsum[j] - out
       outdirty[j] = true
+      if back > 0 then
+        if back > out then back = out end
+        cuts[j] = give(j, back, now)
+      end
+      return true
+    end
+  end
+  o = expd[j]
+  for i = 1, #o, 2 do
+    if o[i] == win and o[i + 1] >= out then
+      -- Freed in this run: its room is back already, and so is what
+      -- the holder gives back of it.
+      o[i + 1] = o[i + 1] - out
       if back > 0 then
         if back > out then back = out end
         cuts[j] = give(j, back, now)
