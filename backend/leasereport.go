@@ -25,14 +25,6 @@ type LeaseReport struct {
 	// lease: every token of its grants since its last report, spent or
 	// not. nil with Window 0.
 	Out []int64
-	// Base, when not nil, is the bucket as the lease's last report left
-	// it, with nobody else seen writing it since: Held is what the lease
-	// held then and Spends, per limit, what it paid since, so that a
-	// write that finds the bucket still exactly as Base may replay them
-	// (bucket.Replay) and lose none of the refill their room stopped.
-	Base   BucketView
-	Held   []int64
-	Spends [][]bucket.Spend
 }
 
 // LeaseWindowMs is the width (ms) of the expiry windows of these leases.
@@ -56,7 +48,7 @@ func (ls *Leases[K]) Fold(b *LeaseBucket[K]) (tokens []int64, rep LeaseReport, o
 	if h.reporting {
 		return nil, LeaseReport{}, false
 	}
-	rep = ls.takeReport(h, b.Res, b.FP)
+	rep = h.takeReport(b.Res)
 	tokens = ls.take(h, b.Res)
 	return tokens, rep, true
 }
@@ -73,16 +65,15 @@ func (ls *Leases[K]) Renewing(b *LeaseBucket[K]) (keep []int64, rep LeaseReport,
 	if h.reporting {
 		return nil, LeaseReport{}, false
 	}
-	rep = ls.takeReport(h, b.Res, b.FP)
+	rep = h.takeReport(b.Res)
 	return slices.Clone(h.tokens), rep, true
 }
 
 // takeReport marks h's report carried by a write and returns it, lined
 // up with res's limits by name (what was out under a limit res no longer
 // has is not reported: its window frees it). h locked.
-func (ls *Leases[K]) takeReport(h *holding, res Resolved, fp string) LeaseReport {
+func (h *holding) takeReport(res Resolved) LeaseReport {
 	h.reporting = true
-	h.spendsMark = len(h.spends)
 	if h.win == 0 {
 		return LeaseReport{}
 	}
@@ -92,62 +83,7 @@ func (ls *Leases[K]) takeReport(h *holding, res Resolved, fp string) LeaseReport
 			out[i] = h.out[j]
 		}
 	}
-	rep := LeaseReport{Window: h.win, Out: out}
-	if h.replayable(res, fp) {
-		rep.Base, rep.Held = h.spendsView, slices.Clone(h.spendsHeld)
-		rep.Spends = make([][]bucket.Spend, len(res.Limits))
-		for j := range res.Limits {
-			rep.Spends[j] = h.spendsOf(j)
-		}
-	}
-	return rep
-}
-
-// maxSpends bounds the spends a lease remembers between reports: past
-// it, the oldest two are one, at the later moment (which only makes a
-// replay credit less refill).
-const maxSpends = 128
-
-// noteSpend records that h paid costs (per limit) at now. h locked.
-func (h *holding) noteSpend(now int64, costs []int64) {
-	if h.spendsView == nil {
-		return
-	}
-	if len(h.spends) >= maxSpends {
-		a, b := h.spends[0], h.spends[1]
-		for j := range b.tokens {
-			b.tokens[j] += a.tokens[j]
-		}
-		h.spends = h.spends[1:]
-		h.spendsMark = max(h.spendsMark-1, 0)
-	}
-	h.spends = append(h.spends, spendAt{at: now, tokens: costs})
-}
-
-// spendsOf lists what h paid of limit j since its last report.
-func (h *holding) spendsOf(j int) []bucket.Spend {
-	out := make([]bucket.Spend, 0, len(h.spends))
-	for _, s := range h.spends {
-		if j < len(s.tokens) {
-			out = append(out, bucket.Spend{At: s.at, Tokens: s.tokens[j]})
-		}
-	}
-	return out
-}
-
-// replayable reports whether h's spends since its last report can be
-// replayed on the bucket it left (under res's limits, of fingerprint fp;
-// the view it recorded then still its last; no other writer seen since).
-// h locked.
-func (h *holding) replayable(res Resolved, fp string) bool {
-	return h.spendsView != nil && h.view == h.spendsView && h.win != 0 && h.othersAt == 0 &&
-		len(h.spendsHeld) == len(res.Limits) && h.matches(res, fp) && h.spendsView.Config() == fp
-}
-
-// spendAt is what a lease paid of each limit at a moment (ms).
-type spendAt struct {
-	at     int64
-	tokens []int64
+	return LeaseReport{Window: h.win, Out: out}
 }
 
 // Reported settles the report a write carried on b's lease, once the
@@ -162,14 +98,6 @@ func (ls *Leases[K]) Reported(b *LeaseBucket[K], kept, grant []int64, win, now i
 	}
 	defer h.mu.Unlock()
 	h.reporting = false
-	// What was paid before the report is in it; what was paid since is
-	// replayed from the bucket this write leaves, as if paid once it
-	// landed.
-	h.spends = h.spends[min(h.spendsMark, len(h.spends)):]
-	for i := range h.spends {
-		h.spends[i].at = max(h.spends[i].at, now)
-	}
-	h.rebase = true
 	if len(h.out) != len(b.Res.Limits) {
 		h.out = make([]int64, len(b.Res.Limits))
 	}
@@ -220,20 +148,8 @@ func (ls *Leases[K]) Unreported(b *LeaseBucket[K], rep LeaseReport, sure bool) {
 		h.win, h.out = rep.Window, rep.Out
 		return
 	}
-	h.spends, h.spendsView = nil, nil
 	if rep.Window != 0 {
 		h.expires = min(h.expires, rep.Window*ls.LeaseWindowMs())
 	}
 	h.win, h.out = 0, nil
-}
-
-// Contended records that a write of this replica on k's bucket lost its
-// race at now: another writer has written it, and the lease's spending
-// is no longer replayed on it (replayable).
-func (ls *Leases[K]) Contended(k K, now int64) {
-	if h := ls.get(k); h != nil {
-		h.mu.Lock()
-		h.othersAt = max(h.othersAt, now)
-		h.mu.Unlock()
-	}
 }

@@ -131,15 +131,6 @@ type holding struct {
 	out       []int64
 	win       int64
 	reporting bool
-	// spends is what the lease paid since its last report landed, from
-	// the bucket that report left (spendsView), when the lease held
-	// spendsHeld; spendsMark is where the report a write carries ends.
-	// rebase: a report just landed, and the next view is its bucket.
-	spends     []spendAt
-	spendsView BucketView
-	spendsHeld []int64
-	spendsMark int
-	rebase     bool
 	// gone: Due forgot it (empty and unused for two horizons) after a
 	// caller found it in the map and before that caller locked it.
 	// Nothing is put into a gone holding: it would be stranded there.
@@ -375,19 +366,6 @@ func (ls *Leases[K]) Credit(b *LeaseBucket[K], grant []int64, view BucketView, w
 		}
 	}
 	h.view, h.viewAt = view, now
-	if h.rebase {
-		h.rebase = false
-		h.spendsView = view
-		h.spendsHeld = slices.Clone(h.tokens)
-		for j := range h.spendsHeld {
-			h.spendsHeld[j] += grant0(grant, j)
-			for _, s := range h.spends {
-				if j < len(s.tokens) {
-					h.spendsHeld[j] += s.tokens[j]
-				}
-			}
-		}
-	}
 	if sum == 0 {
 		return
 	}
@@ -406,13 +384,6 @@ func (ls *Leases[K]) Credit(b *LeaseBucket[K], grant []int64, view BucketView, w
 	h.used = max(h.used, now)
 	ls.stats.Leased.Add(uint64(sum))
 	ls.stats.LeaseOutstanding.Add(sum)
-}
-
-func grant0(g []int64, j int) int64 {
-	if j < len(g) {
-		return g[j]
-	}
-	return 0
 }
 
 // Add puts tokens (per limit of b) into b's lease that left the bucket
@@ -437,9 +408,6 @@ func (ls *Leases[K]) Add(b *LeaseBucket[K], tokens []int64, now int64) {
 	}
 	h.refilled()
 	h.expires = max(h.expires, now+2*ls.Horizon())
-	if h.win != 0 {
-		h.expires = min(h.expires, h.win*ls.LeaseWindowMs())
-	}
 	h.used = max(h.used, now)
 	ls.stats.Leased.Add(uint64(sum))
 	ls.stats.LeaseOutstanding.Add(sum)

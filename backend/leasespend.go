@@ -248,33 +248,20 @@ func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mod
 	for i := range bs {
 		h, b := hs[i], &bs[i]
 		var spent int64
-		costs := make([]int64, len(b.Res.Limits))
 		for j, l := range b.Res.Limits {
-			costs[j] = bucket.Cost(l, hits)
-			h.tokens[j] -= costs[j]
-			spent += costs[j]
-		}
-		h.noteSpend(now, costs)
-		replay := h.replayable(b.Res, b.FP)
-		for j, l := range b.Res.Limits {
-			c := costs[j]
+			c := bucket.Cost(l, hits)
+			h.tokens[j] -= c
+			spent += c
 			view := bucket.State{Clock: now}
 			if v := h.view; v != nil && !v.Expired(now) && v.Config() == b.FP {
 				if s, ok := v.StateOf(l.Name); ok {
 					view = bucket.Refill(l, s, now)
-					if replay {
-						// Alone on the bucket: what one bucket would hold,
-						// the lease's spending replayed on it.
-						if x, ok := bucket.Replay(l, s, h.win, h.out[j], h.spendsHeld[j], h.spendsOf(j), now); ok {
-							results = append(results, bucket.Result{Cost: c, Tokens: x.Tokens, Allowed: true,
-								Wait: bucket.Wait(l, x, l.Burst, now)})
-							continue
-						}
-					}
 				}
 			}
 			// At most the burst less this cost, as one bucket would
-			// hold after paying it.
+			// hold after paying it: a bucket that refilled to full while
+			// the lease was out holds the burst, and the lease's tokens
+			// come on top of it only until they are spent.
 			view.Tokens = min(view.Tokens+h.tokens[j], l.Burst-c)
 			results = append(results, bucket.Result{Cost: c, Tokens: view.Tokens, Allowed: true,
 				Wait: bucket.Wait(l, view, l.Burst, now)})

@@ -128,30 +128,3 @@ func slotOf(s State, n int64) int {
 	}
 	return -1
 }
-
-// Spend is what a lease paid out of one limit at a moment (ms).
-type Spend struct {
-	At, Tokens int64
-}
-
-// Replay is what one bucket alone would hold at now had a lease's
-// spending hit it when it was made: s is the bucket as its holder's last
-// write left it, when the lease held held of what it had out in window
-// n, and spends is what the lease paid since, in time order. The lease's
-// tokens are the bucket's again (its slot no longer holds out), and the
-// tokens it spent left the bucket when they were spent, so the room they
-// made has refilled since then: nothing of the refill that the burst
-// less what was out stopped is lost. It is exact only while nobody else
-// has written the bucket since s; it reports false, changing nothing,
-// when s no longer counts out in window n.
-func Replay(l Limit, s State, n, out, held int64, spends []Spend, now int64) (State, bool) {
-	x, ok := Return(l, s, n, out, held)
-	if !ok {
-		return s, false
-	}
-	for _, sp := range spends {
-		x = Refill(l, x, max(sp.At, x.Clock))
-		x.Tokens = max(x.Tokens-sp.Tokens, 0)
-	}
-	return Refill(l, x, now), true
-}

@@ -371,25 +371,3 @@ func TestRefillStopsAtRoom(t *testing.T) {
 		t.Fatalf("a second later: tokens %d; want 80000", s.Tokens)
 	}
 }
-
-// A lone holder's replay is one bucket: a lease spent while the bucket
-// sat at its room loses none of the refill the room stopped.
-func TestReplayIsOneBucket(t *testing.T) {
-	l := Limit{Name: "rps", Amount: 100 * Milli, Period: Second, Burst: 100 * Milli}
-	s, _ := Lend(Full(l, 0), 7, 20*Milli, 0) // 80 in the bucket, 20 out
-	one := []State{Full(l, 0)}
-	res := make([]Result, 1)
-	var spends []Spend
-	for at := int64(100); at <= 1000; at += 100 {
-		spends = append(spends, Spend{At: at, Tokens: 2 * Milli})
-		Decide([]Limit{l}, one, 2, at, res)
-	}
-	got, ok := Replay(l, s, 7, 20*Milli, 20*Milli, spends, 1000)
-	want := Refill(l, one[0], 1000)
-	if !ok || got.Tokens != want.Tokens || got.Leased() != 0 {
-		t.Fatalf("replayed: ok %v, %d tokens, %d out; one bucket holds %d", ok, got.Tokens, got.Leased(), want.Tokens)
-	}
-	if plain := Refill(l, s, 1000); plain.Tokens >= want.Tokens {
-		t.Fatalf("without the replay the bucket holds %d and the lease 0: the test shows nothing", plain.Tokens)
-	}
-}
