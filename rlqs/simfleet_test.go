@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sluice-rl/sluice/backend"
@@ -13,9 +14,9 @@ import (
 type fleetRun struct {
 	perSecond []uint64 // all Envoys, admitted in each second
 	denied    []uint64 // all Envoys, denied in each second
-	// overflow is what refunds gave the shared bucket beyond its burst:
-	// tokens Envoys left unused that nobody could use after.
-	overflow, refunded int64
+	// writes is every decision that wrote the shared bucket (a take, a
+	// refund); assigned every token bucket assignment sent.
+	writes, assigned uint64
 }
 
 // simFleet runs n Envoys, spread over replicas sharing one backend, on
@@ -31,7 +32,7 @@ func simFleet(t *testing.T, replicas int, rate uint64, n, seconds int, reportMs 
 	clock := func() int64 { return now }
 	mem := memory.New(memory.Options{Now: clock, SweepInterval: -1})
 	defer mem.Close()
-	be := &overflowing{Backend: mem, burst: int64(rate)}
+	be := &writing{Backend: mem}
 	svcs := make([]*Service, replicas)
 	for i := range svcs {
 		svcs[i] = New(rlqstest.OneLimit(t, int(rate)), be, Options{Now: clock})
@@ -58,28 +59,27 @@ func simFleet(t *testing.T, replicas int, rate uint64, n, seconds int, reportMs 
 			t.Fatalf("at %d ms: admitted %d, over the bound %d", now-start, admitted, bound)
 		}
 	}
-	run.overflow, run.refunded = be.overflow, be.refunded
+	run.writes = be.writes.Load()
+	for _, svc := range svcs {
+		run.assigned += svc.Stats().TokenBuckets
+	}
 	return run
 }
 
-// overflowing counts what refunds to a shared bucket of burst (whole
-// tokens) gave it beyond its burst, which the bucket drops.
-type overflowing struct {
+// writing counts the decisions that write the shared bucket: a take
+// allowed, and a refund. A denial or a check writes nothing on any
+// backend.
+type writing struct {
 	backend.Backend
-	burst              int64
-	refunded, overflow int64
+	writes atomic.Uint64
 }
 
-func (o *overflowing) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
-	if req.Refund {
-		check := *req
-		check.Refund, check.Hits = false, 0
-		if d, err := o.Backend.Decide(ctx, &check); err == nil && len(d.Results) > 0 {
-			o.refunded += int64(req.Hits)
-			o.overflow += max(0, d.Results[0].Tokens/1000+int64(req.Hits)-o.burst)
-		}
+func (w *writing) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
+	d, err := w.Backend.Decide(ctx, req)
+	if err == nil && d.Allowed && (req.Hits > 0 || req.Refund) {
+		w.writes.Add(1)
 	}
-	return o.Backend.Decide(ctx, req)
+	return d, err
 }
 
 // TestShiftingFleetSimulated is the fleet of TestFleetOnOneReplica on a
@@ -115,8 +115,8 @@ func TestShiftingFleetSimulated(t *testing.T) {
 			total += a
 		}
 		bound := float64(rate + rate*seconds)
-		t.Logf("reports every %d ms: admitted %d, %.3f of B + R*T; refunds %d, of which the shared bucket dropped %d; each second: %v",
-			c.reportMs, total, float64(total)/bound, run.refunded, run.overflow, run.perSecond)
+		t.Logf("reports every %d ms: admitted %d, %.3f of B + R*T; %d writes of the shared bucket for %d token buckets sent; each second: %v",
+			c.reportMs, total, float64(total)/bound, run.writes, run.assigned, run.perSecond)
 		if float64(total) < c.floor*bound {
 			t.Errorf("reports every %d ms: admitted %.3f of B + R*T, want at least %.2f", c.reportMs, float64(total)/bound, c.floor)
 		}
@@ -163,8 +163,8 @@ func TestNewcomersBelowTheLimitSimulated(t *testing.T) {
 			}
 		}
 		asked := float64(c.n) * c.demand
-		t.Logf("%d replicas, %d Envoys at %.0f a second: denied %d before the first report, %d after; in each second: %v",
-			c.replicas, c.n, c.demand, first, after, run.denied)
+		t.Logf("%d replicas, %d Envoys at %.0f a second: denied %d before the first report, %d after; %d writes for %d token buckets; in each second: %v",
+			c.replicas, c.n, c.demand, first, after, run.writes, run.assigned, run.denied)
 		if f := float64(first) / (5 * asked); f > c.first {
 			t.Errorf("%d replicas, %d Envoys at %.0f a second: %.3f of the requests before the first report denied, want at most %.2f", c.replicas, c.n, c.demand, f, c.first)
 		}

@@ -101,7 +101,7 @@ type renewal struct {
 	Strategy
 	ttl      time.Duration
 	taken    uint64 // tokens taken from the shared bucket for it
-	returned uint64 // tokens given back to the shared bucket
+	returned uint64 // tokens given up to the replica's spares
 	// wait: nothing is sent; the active assignment stands and the
 	// renewal is tried again at the slot's due time.
 	wait bool
@@ -120,6 +120,10 @@ type peers struct {
 	// (Service.arrive): at least one. It sizes a slot's assignments
 	// before its first report with a rate.
 	newcomers int
+	// spare is what the bucket's Envoys on this replica gave up
+	// (settle): a renewal's take is paid from it before the shared
+	// bucket is asked.
+	spare spare
 }
 
 // retrySoon is how long (ms) a renewal that could not pay for its
@@ -207,6 +211,13 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 		}
 	}
 	debt := s.debt()
+	if need := ask + debt; need > have {
+		// The tokens other Envoys of the bucket left unused on this
+		// replica pay first: a take they cover writes nothing.
+		got := peers.spare.draw(need - have)
+		s.bank += got
+		have += got
+	}
 	var taken uint64
 	if need := ask + debt; need > have {
 		got, d, err := take(ctx, be, s.req, need-have)
@@ -233,7 +244,7 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 		tooBig := float64(a.PerSecond) > 1.25*float64(goal.PerSecond)+1
 		if p.keep(s, better, goal, hot) || (better.PerSecond <= a.PerSecond && !tooBig) {
 			if ttl := p.extension(s, now, ttl); ttl > 0 {
-				return p.settle(ctx, be, s, a.Strategy, ttl, now, taken, hot), nil
+				return p.settle(s, a.Strategy, ttl, now, taken, hot, peers.spare), nil
 			}
 			if a.paidUntil-now > 2*p.Allowance.Milliseconds() {
 				// Not a second of its rate in the bank yet, but its
@@ -252,38 +263,27 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 		s.bank -= c
 		s.issued += c
 	}
-	return p.settle(ctx, be, s, st, ttl, now, taken, hot), nil
+	return p.settle(s, st, ttl, now, taken, hot, peers.spare), nil
 }
 
 // settle records st as sent and, when the bucket is contended, gives
-// back to it what s's bank holds beyond a second of st's rate: tokens an
-// Envoy left unused (reclaim) are then another's, wherever it is. It
-// gives an eighth of the bucket's burst at most each time. After a
-// report shows a reporting interval's tokens unused (Envoys whose demand
-// fell, or was not known yet), their slots would otherwise give back
-// several bursts at once, and the shared bucket, which holds at most
-// one, would drop the rest: in the simulated fleet of ten Envoys, about
-// 4,000 tokens a minute, 6% of B + R*T. A little at a time, the Envoys
-// short of tokens take them between refunds. A refund that fails keeps
-// them in the bank.
-func (p Policy) settle(ctx context.Context, be backend.Backend, s *slot, st Strategy, ttl time.Duration, now int64, taken uint64, hot bool) renewal {
+// what s's bank holds beyond a second of st's rate to the replica's
+// spares for the bucket (up to a burst of it), where the next take of
+// any of its slots finds it: tokens an Envoy left unused (reclaim) are
+// then another's. They were given back to the shared bucket once, a
+// write of its own each time, and an eighth of its burst at most so
+// that the bucket, which holds at most its burst, would not drop them
+// (after a reporting interval's tokens left unused, several bursts came
+// back at once). Kept on the replica, they cost no write and none is
+// dropped; what the spares cannot hold stays in the bank.
+func (p Policy) settle(s *slot, st Strategy, ttl time.Duration, now int64, taken uint64, hot bool, sp spare) renewal {
 	r := p.record(s, st, ttl, now, taken)
 	if keep := st.PerSecond + 1; hot && s.bank > keep {
-		req := s.req
-		req.Refund, req.Hits = true, min(s.bank-keep, max(s.cap.burst/refundShare, 1))
-		if _, err := be.Decide(ctx, &req); err == nil {
-			r.returned = req.Hits
-			s.bank -= req.Hits
-		}
+		r.returned = sp.give(s.bank-keep, max(s.cap.burst, 1))
+		s.bank -= r.returned
 	}
 	return r
 }
-
-// refundShare is the part of the shared bucket's burst one refund gives
-// back at most (settle): an eighth admitted 0.954 of B + R*T in the
-// simulated fleet (median of 20 runs), a quarter 0.944, a half 0.926, a
-// sixteenth 0.946, the whole of the excess at once 0.884.
-const refundShare = 8
 
 // contendedHeadroom replaces Policy.Headroom while the shared bucket is
 // short: a token an Envoy holds beyond its demand is one another lacks.
