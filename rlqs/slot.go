@@ -145,7 +145,7 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 	if !s.limits {
 		// One check (no hits) learns the limits that really apply: a
 		// record may override the file's.
-		_, d, err := take(ctx, be, s.req, 0)
+		_, d, err := take(ctx, be, s.req, 0, 0)
 		if errors.Is(err, errPerRequest) {
 			return p.record(s, Strategy{}, p.ShortTTL, now, 0), nil
 		}
@@ -220,7 +220,10 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 	}
 	var taken uint64
 	if need := ask + debt; need > have {
-		got, d, err := take(ctx, be, s.req, need-have)
+		// Less than the smallest token bucket costs would be a write
+		// for a DENY_ALL.
+		one := bucketOf(1, s.cap)
+		got, d, err := take(ctx, be, s.req, need-have, one.MaxTokens+fills(1, now, now+(p.ShortTTL+p.Allowance).Milliseconds()))
 		s.bank += got
 		taken = got
 		if err != nil {
@@ -246,10 +249,13 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 			if ttl := p.extension(s, now, ttl); ttl > 0 {
 				return p.settle(s, a.Strategy, ttl, now, taken, hot, peers.spare), nil
 			}
-			if a.paidUntil-now > 2*p.Allowance.Milliseconds() {
+			if taken == 0 && a.paidUntil-now > 2*p.Allowance.Milliseconds() {
 				// Not a second of its rate in the bank yet, but its
 				// paid fills run a while: ask again shortly rather
 				// than cut the Envoy down to what the bank holds now.
+				// Not after a take: it wrote the shared bucket, and
+				// the renewal sends what it paid for rather than write
+				// again for the same assignment.
 				s.due = now + retrySoon
 				return renewal{taken: taken, wait: true}, nil
 			}
