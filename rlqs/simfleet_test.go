@@ -117,6 +117,9 @@ func TestShiftingFleetSimulated(t *testing.T) {
 		bound := float64(rate + rate*seconds)
 		t.Logf("reports every %d ms: admitted %d, %.3f of B + R*T; %d writes of the shared bucket for %d token buckets sent; each second: %v",
 			c.reportMs, total, float64(total)/bound, run.writes, run.assigned, run.perSecond)
+		if run.writes > run.assigned {
+			t.Errorf("reports every %d ms: %d writes of the shared bucket for %d token buckets sent, want at most one each", c.reportMs, run.writes, run.assigned)
+		}
 		if float64(total) < c.floor*bound {
 			t.Errorf("reports every %d ms: admitted %.3f of B + R*T, want at least %.2f", c.reportMs, float64(total)/bound, c.floor)
 		}
@@ -165,6 +168,9 @@ func TestNewcomersBelowTheLimitSimulated(t *testing.T) {
 		asked := float64(c.n) * c.demand
 		t.Logf("%d replicas, %d Envoys at %.0f a second: denied %d before the first report, %d after; %d writes for %d token buckets; in each second: %v",
 			c.replicas, c.n, c.demand, first, after, run.writes, run.assigned, run.denied)
+		if run.writes > run.assigned {
+			t.Errorf("%d replicas, %d Envoys at %.0f a second: %d writes of the shared bucket for %d token buckets sent, want at most one each", c.replicas, c.n, c.demand, run.writes, run.assigned)
+		}
 		if f := float64(first) / (5 * asked); f > c.first {
 			t.Errorf("%d replicas, %d Envoys at %.0f a second: %.3f of the requests before the first report denied, want at most %.2f", c.replicas, c.n, c.demand, f, c.first)
 		}
