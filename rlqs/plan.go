@@ -101,13 +101,13 @@ func capacityOf(limits []bucket.Limit) (c capacity, ok bool) {
 // report; too large leaves the shared bucket short, and the Envoys that
 // started with it denied. What an Envoy leaves unused comes back after
 // its report.
-func (p Policy) desired(demand float64, c capacity, newcomers int, hot bool) Strategy {
+func (p Policy) desired(demand float64, c capacity, newcomers float64, hot bool) Strategy {
 	if demand < 0 {
 		share := 2.0
 		if hot {
 			share = 4
 		}
-		demand = c.perSecond / max(share, 1.25*float64(newcomers)) / p.Headroom
+		demand = c.perSecond / max(share, 1.25*newcomers) / p.Headroom
 	}
 	// Absurd reports (2^64-1 requests) ask at most what the limit could
 	// ever give in a TTL; the take trims it to what the bucket holds.
