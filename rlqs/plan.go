@@ -96,7 +96,9 @@ func capacityOf(limits []bucket.Limit) (c capacity, ok bool) {
 // the shared bucket is short (hot), or less when more Envoys
 // (newcomers) began reporting the bucket to this replica within a
 // reporting interval, so that Envoys that start together ask at most
-// four fifths of the limit between them (each replica counts its own).
+// four fifths of the limit between them (each replica counts its own,
+// and counts as many more for the other replicas as their part of the
+// bucket's draws says: draws.share).
 // Too small a share denies an Envoy busier than it until its first
 // report; too large leaves the shared bucket short, and the Envoys that
 // started with it denied. What an Envoy leaves unused comes back after
