@@ -124,7 +124,7 @@ func oneWritePerAssignment(t *testing.T, open func() backend.Backend, storeWrite
 // three replicas write the bucket a few dozen times a second, and one
 // write in five to ten lands within the few milliseconds between
 // another's read and its write: 16 to 31 lost races in 20 s, nearly all
-// in the first second, for 120 to 170 decisions that wrote (11 runs,
+// in the first second, for 120 to 170 decisions that wrote (13 runs,
 // beside other test suites); 0.78 to 1.08 write calls for each token
 // bucket sent, 0.58 to 0.95 decisions that wrote. Without the read, 41 lost
 // races (one run, before the first assignment cost an eighth), and
