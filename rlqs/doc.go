@@ -48,8 +48,11 @@
 // (slot.go). While a shared bucket is short for some stream, every
 // stream of the replica sizes that bucket's Envoys at their demand,
 // renews them within half the bucket's filling time, and gives excess
-// banks back to it, an eighth of its burst at a time so that the bucket,
-// which holds at most its burst, does not drop them.
+// banks up to the replica's spares for the bucket (spare.go), from which
+// the next take of any of its slots on the replica is paid first: a
+// refund folded into the next take, so that a renewal writes the shared
+// bucket once at most, and nothing given up can lift the bucket above
+// its burst.
 //
 // The sizing is pure arithmetic on integers and the slot's state, tested
 // on a simulated clock (sim_test.go); the streams are tested over real

@@ -96,18 +96,20 @@ func capacityOf(limits []bucket.Limit) (c capacity, ok bool) {
 // the shared bucket is short (hot), or less when more Envoys
 // (newcomers) began reporting the bucket to this replica within a
 // reporting interval, so that Envoys that start together ask at most
-// four fifths of the limit between them (each replica counts its own).
+// four fifths of the limit between them (each replica counts its own,
+// and counts as many more for the other replicas as their part of the
+// bucket's draws says: draws.share).
 // Too small a share denies an Envoy busier than it until its first
 // report; too large leaves the shared bucket short, and the Envoys that
 // started with it denied. What an Envoy leaves unused comes back after
 // its report.
-func (p Policy) desired(demand float64, c capacity, newcomers int, hot bool) Strategy {
+func (p Policy) desired(demand float64, c capacity, newcomers float64, hot bool) Strategy {
 	if demand < 0 {
 		share := 2.0
 		if hot {
 			share = 4
 		}
-		demand = c.perSecond / max(share, 1.25*float64(newcomers)) / p.Headroom
+		demand = c.perSecond / max(share, 1.25*newcomers) / p.Headroom
 	}
 	// Absurd reports (2^64-1 requests) ask at most what the limit could
 	// ever give in a TTL; the take trims it to what the bucket holds.

@@ -108,6 +108,14 @@ type Service struct {
 	// read and write one step.
 	arrivalsMu sync.Mutex
 	newcomers  *lru.Cache[string, arrivals]
+	// spares holds what each shared bucket's slots gave up for the
+	// bucket's other slots on this replica; bounded like pressure.
+	spares *spares
+	// draws is what this replica's decisions on each shared bucket tell
+	// of its draws and the other replicas'; bounded like pressure.
+	// drawsMu makes a count's read and write one step.
+	drawsMu sync.Mutex
+	draws   *lru.Cache[string, draws]
 }
 
 // arrivals is how many slots of a shared bucket began since since (ms).
@@ -148,7 +156,19 @@ func (s *Service) arrived(key string, now int64) int {
 // peers is what this replica's streams know together of the shared
 // bucket key at now.
 func (s *Service) peers(key string, now int64) peers {
-	return peers{contended: s.contended(key, now), newcomers: s.arrived(key, now)}
+	s.drawsMu.Lock()
+	d, _ := s.draws.Peek(key)
+	s.drawsMu.Unlock()
+	return peers{contended: s.contended(key, now), newcomers: s.arrived(key, now), spare: spare{of: s.spares, key: key},
+		draws: d, saw: func(level, took uint64, c capacity) { s.saw(key, level, took, now, c) }}
+}
+
+// saw counts a decision on the shared bucket key made at now.
+func (s *Service) saw(key string, level, took uint64, now int64, c capacity) {
+	s.drawsMu.Lock()
+	defer s.drawsMu.Unlock()
+	d, _ := s.draws.Peek(key)
+	s.draws.Add(key, d.saw(level, took, now, c))
 }
 
 // sharedKey names the shared bucket req takes from, for pressure and
@@ -172,7 +192,12 @@ func New(rules Rules, be backend.Backend, opts Options) *Service {
 	size := max(opts.MaxBuckets, 10_000)
 	pressure, _ := lru.New[string, int64](size) // a positive size never fails
 	newcomers, _ := lru.New[string, arrivals](size)
-	return &Service{rules: rules, be: be, opts: opts, pressure: pressure, newcomers: newcomers, draining: make(chan struct{})}
+	draws, _ := lru.New[string, draws](size)
+	svc := &Service{rules: rules, be: be, opts: opts, pressure: pressure, newcomers: newcomers, draws: draws, draining: make(chan struct{})}
+	// Spares pushed out by more buckets than the bound are lost to
+	// everyone, as a stream's bank is when it ends.
+	svc.spares = newSpares(size, func(n uint64) { svc.stats.stranded.Add(n) })
+	return svc
 }
 
 // Drain ends every stream, now and from now on, with UNAVAILABLE, so
@@ -203,8 +228,9 @@ type Stats struct {
 	// stranded).
 	Leased   uint64 `json:"tokens_leased"`
 	Stranded uint64 `json:"tokens_stranded"`
-	// Returned counts tokens given back to shared buckets: what an Envoy
-	// left unused while others lacked it.
+	// Returned counts tokens an Envoy left unused while the bucket was
+	// contended, given up to the replica's spares for the bucket, from
+	// which the next takes of its other Envoys are paid.
 	Returned uint64 `json:"tokens_returned"`
 	// Refused counts usage reports refused (a bad BucketId, an absurd
 	// count, a bucket over MaxBuckets); BackendErrors renewals that failed.

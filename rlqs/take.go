@@ -18,12 +18,16 @@ const takeAttempts = 3
 // limit would charge one token.
 var errPerRequest = errors.New("a per_request limit cannot be leased to Envoy's quota filter")
 
-// take moves up to want tokens out of req's shared bucket with be's
-// ordinary decisions, so that every backend serves assignments with the
-// write it already makes atomic. It returns what it took and the last
-// decision (whose Limits tell the bucket's capacity). A decision that is
-// not limited takes nothing and says so: the bucket is not limited.
-func take(ctx context.Context, be backend.Backend, req backend.Request, want uint64) (uint64, backend.Decision, error) {
+// take moves up to want tokens, and at least least of them, out of req's
+// shared bucket with be's ordinary decisions, so that every backend
+// serves assignments with the write it already makes atomic. It returns
+// what it took and the last decision (whose Limits tell the bucket's
+// capacity). A decision that is not limited takes nothing and says so:
+// the bucket is not limited. A bucket holding less than least is left
+// as it is: a take too small for anything to be sent with it would be a
+// write for no assignment, and the one made for the assignment later a
+// second.
+func take(ctx context.Context, be backend.Backend, req backend.Request, want, least uint64) (uint64, backend.Decision, error) {
 	req.Hits = want
 	var d backend.Decision
 	for range takeAttempts {
@@ -43,9 +47,10 @@ func take(ctx context.Context, be backend.Backend, req backend.Request, want uin
 			return req.Hits, d, nil
 		}
 		held := available(d)
-		if held == 0 || held >= req.Hits {
-			// Nothing left, or a denial not for want of tokens (answered
-			// without the store): the next plan asks again.
+		if held == 0 || held < least || held >= req.Hits {
+			// Nothing left, too little, or a denial not for want of
+			// tokens (answered without the store): the next plan asks
+			// again.
 			return 0, d, nil
 		}
 		req.Hits = held

@@ -18,7 +18,8 @@ type QuotaStats struct {
 	TokenBuckets, DenyAll, AllowAll, Abandoned uint64
 	// Leased counts the tokens taken from shared buckets for assignments,
 	// Stranded those lost with a stream or an abandoned bucket, Returned
-	// those given back unused while the bucket was contended.
+	// those given up unused while the bucket was contended, to the
+	// replica's spares for the bucket.
 	Leased, Stranded, Returned uint64
 	// Refused counts usage reports refused; BackendErrors renewals the
 	// backend failed.
@@ -46,7 +47,7 @@ func (t *Telemetry) ObserveQuota(stats func() QuotaStats) error {
 	stranded, err6 := m.Int64ObservableCounter("sluice.rlqs.tokens_stranded", metric.WithUnit("{token}"),
 		metric.WithDescription("Tokens taken for streams that ended, or buckets abandoned, before their Envoy could have admitted them: under-admission, counted high."))
 	returned, err9 := m.Int64ObservableCounter("sluice.rlqs.tokens_returned", metric.WithUnit("{token}"),
-		metric.WithDescription("Tokens given back to shared buckets: what an Envoy's reports showed it could no longer use, while another Envoy lacked tokens."))
+		metric.WithDescription("Tokens an Envoy's reports showed it could no longer use, given up while the bucket was contended to this replica's spare tokens for the bucket, from which its other Envoys' next takes are paid first."))
 	refused, err7 := m.Int64ObservableCounter("sluice.rlqs.reports_refused", metric.WithUnit("{report}"),
 		metric.WithDescription("Bucket usage reports refused: a bad bucket id, an absurd count, a stream over its bucket limit."))
 	errs, err8 := m.Int64ObservableCounter("sluice.rlqs.backend_errors", metric.WithUnit("{error}"),

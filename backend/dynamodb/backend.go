@@ -94,8 +94,12 @@ type Backend struct {
 	records *records
 	// rtt is the measured round trip of a bucket write, which times
 	// lease renewals and sizes leases near the limit.
-	rtt   backend.RoundTrip
-	seen  *lru.Cache[bucketKey, seenItem]
+	rtt  backend.RoundTrip
+	seen *lru.Cache[bucketKey, seenItem]
+	// raced is when (epoch ms) a write of this replica on each bucket
+	// last lost a race: another replica writes it too, so a bulk take
+	// reads it before it writes (readFirst).
+	raced *lru.Cache[bucketKey, int64]
 	lanes *lanes
 	stats *Stats
 	// leases is nil when leases are off.
@@ -168,12 +172,16 @@ func New(api API, opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dynamodb backend: %w", err)
 	}
+	raced, err := lru.New[bucketKey, int64](opts.StateCacheSize)
+	if err != nil {
+		return nil, fmt.Errorf("dynamodb backend: %w", err)
+	}
 	if opts.LeaseHorizon == 0 {
 		opts.LeaseHorizon = DefaultLeaseHorizon
 	}
 	stats := newStats()
 	b := &Backend{
-		api: api, table: opts.Table, keys: keys, opts: opts, now: opts.Now, seen: seen, stats: stats, lanes: newLanes(opts.MaxBatch),
+		api: api, table: opts.Table, keys: keys, opts: opts, now: opts.Now, seen: seen, raced: raced, stats: stats, lanes: newLanes(opts.MaxBatch),
 		records: newRecords(api, opts.Table, keys, opts.ConfigCacheSize, opts.ConfigCacheTTL, opts.Now, stats),
 	}
 	b.records.along = b

@@ -122,9 +122,10 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 		}
 		now := b.now()
 		write, needView := decideCalls(ts, live, now)
-		if needView && !b.recentEnough(ts, now) {
+		if (needView && !b.recentEnough(ts, now)) || (write && b.readFirst(ts, live, now)) {
 			// Decided on a view too old to trust for a denial (a refund or
-			// a raised limit elsewhere): ask the table.
+			// a raised limit elsewhere), or for a bulk take's write on a
+			// bucket others write: ask the table.
 			if err := b.refresh(ctx, ts); err != nil {
 				b.unfold(ts, fold, true) // nothing written yet
 				fail(live, err)
@@ -169,6 +170,9 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 			return
 		}
 		b.stats.ConditionRetries.Add(1)
+		for i := range ts {
+			b.raced.Add(ts[i].key, now)
+		}
 		if unsure(ts, live) {
 			b.unfold(ts, fold, true)
 			fail(live, errUnsureGuess)
@@ -207,6 +211,35 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 			}
 		}
 	}
+}
+
+// racedFor is how long (ms) after a lost race on a bucket its bulk takes
+// read it before they write (readFirst). Once it has passed, one more
+// lost race starts it again: a minute costs a bucket that several
+// replicas take from in bulk one lost write a minute per replica, and a
+// bucket that only this replica writes no read at all.
+const racedFor = 60_000
+
+// readFirst reports whether calls, decided on ts's view that this
+// decision has not read, include a bulk take on a bucket another replica
+// has been writing lately (a race lost on it within racedFor): that
+// view is then likely stale. A bulk take comes seldom (a quota
+// assignment's, every few seconds for each Envoy), so others' writes
+// have most likely changed the bucket since this replica's last one
+// (two in three with three replicas writing it), and a write planned on
+// what it saw then fails its condition and is made again: a write billed
+// for nothing. One strongly consistent read costs less, and the write
+// after it lands unless another comes in between.
+func (b *Backend) readFirst(ts []target, calls []*call, now int64) bool {
+	if asked(ts) || !slices.ContainsFunc(calls, func(c *call) bool { return c.req.Bulk && !c.req.Refund && c.req.Hits > 0 }) {
+		return false
+	}
+	for i := range ts {
+		if at, ok := b.raced.Peek(ts[i].key); ok && now-at < racedFor {
+			return true
+		}
+	}
+	return false
 }
 
 // payFromLease answers the calls of batch that this replica's lease pays
