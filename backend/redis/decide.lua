@@ -183,32 +183,19 @@ local function expire(j, width, now)
   outs[j], outsum[j], expd[j] = keep, sum, gone
 end
 
--- report takes a lease's report off limit j (bucket.Return): of out
--- tokens it had out in window win, back come back to the bucket. It
--- returns false when no window win holds out: it was freed, and the
--- tokens with it.
-local function report(j, win, out, back, now)
-  if out <= 0 then return back <= 0 end
-  local o = outs[j]
+-- reportIn takes out tokens of window win out of the list o of limit j,
+-- when o has them, and gives back of them back to the bucket. live: o is
+-- the limit's leases out (not windows freed in this run, whose room is
+-- back already).
+local function reportIn(o, j, win, out, back, now, live)
   for i = 1, #o, 2 do
     if o[i] == win and o[i + 1] >= out then
       o[i + 1] = o[i + 1] - out
-      if o[i + 1] == 0 then table.remove(o, i + 1); table.remove(o, i) end
-      outsum[j] = outsum[j] - out
-      outdirty[j] = true
-      if back > 0 then
-        if back > out then back = out end
-        cuts[j] = give(j, back, now)
+      if live then
+        if o[i + 1] == 0 then table.remove(o, i + 1); table.remove(o, i) end
+        outsum[j] = outsum[j] - out
+        outdirty[j] = true
       end
-      return true
-    end
-  end
-  o = expd[j]
-  for i = 1, #o, 2 do
-    if o[i] == win and o[i + 1] >= out then
-      -- Freed in this run: its room is back already, and so is what
-      -- the holder gives back of it.
-      o[i + 1] = o[i + 1] - out
       if back > 0 then
         if back > out then back = out end
         cuts[j] = give(j, back, now)
@@ -217,6 +204,16 @@ local function report(j, win, out, back, now)
     end
   end
   return false
+end
+
+-- report takes a lease's report off limit j (bucket.Return): of out
+-- tokens it had out in window win, back come back to the bucket. It
+-- returns false when neither the leases out nor the windows this run
+-- freed hold out in window win: it was freed earlier, and the tokens
+-- with it.
+local function report(j, win, out, back, now)
+  if out <= 0 then return back <= 0 end
+  return reportIn(outs[j], j, win, out, back, now, true) or reportIn(expd[j], j, win, out, back, now, false)
 end
 
 -- lend counts amount out on lease in window win (bucket.Lend), when a

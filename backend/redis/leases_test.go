@@ -67,15 +67,23 @@ func TestScriptLeaseCall(t *testing.T) {
 	}
 	// Once the windows have ended and the margin passed, what they held
 	// is no longer out: refill may fill the burst again, from then on
-	// (the room they leave is not refilled from the clock's past).
+	// (the room they leave is not refilled from the clock's past). A
+	// report in the run that frees its window still gives back what the
+	// lease held when it expired; one after it gives nothing.
 	later := (w+2)*bucket.ExpiryMargin + bucket.ExpiryMargin + 1
-	for _, c := range []struct {
-		at, tokens int64
-	}{{later, 3000}, {later + 700, 10_000}} {
+	for i, c := range []struct {
+		at, cost, back, tokens int64
+	}{
+		{at: later, back: 7000, tokens: 10_000},  // 3 refilled, 7 given back
+		{at: later + 1, cost: 10_000, tokens: 0}, // full: nothing more refilled
+		{at: later + 2, back: 7000, tokens: 10},  // freed: only the refill
+	} {
 		r := runScript(t, rc, c.at, []scriptGroup{{buckets: []scriptBucket{b}, calls: []scriptCall{{lease: true,
-			costs: []int64{0}, back: []int64{0}, want: []int64{0}, out: []int64{0}, keep: []int64{0}, win: []int64{0}, newWin: []int64{w + 10}}}}})
-		if got := r[0].after[0][0]; got.Leased() != 0 || got.Tokens != c.tokens {
-			t.Errorf("%d ms after the windows were freed: %d out, %d tokens; want 0 out and %d", c.at-later, got.Leased(), got.Tokens, c.tokens)
+			costs: []int64{c.cost}, back: []int64{c.back}, want: []int64{0}, out: []int64{c.back}, keep: []int64{0},
+			win: []int64{w + 2}, newWin: []int64{w + 10}}}}})
+		if got := r[0].after[0][0]; !r[0].allowed[0] || got.Leased() != 0 || got.Tokens != c.tokens {
+			t.Errorf("call %d, %d ms after the windows ended and the margin passed: allowed %v, %d out, %d tokens; want 0 out and %d",
+				i, c.at-later+1, r[0].allowed[0], got.Leased(), got.Tokens, c.tokens)
 		}
 	}
 }
