@@ -263,6 +263,16 @@ func TestFleetOnOneReplica(t *testing.T) {
 // 5 ms away (DynamoDB Local behind a delay proxy).
 func TestFleetOnDynamoDB(t *testing.T) {
 	t.Parallel()
+	newBackend := tableAt(t, 5*time.Millisecond)
+	conns, svcs := replicas(t, func() backend.Backend { return newBackend() })
+	shiftingDemand(t, conns, svcs...)
+}
+
+// tableAt makes a new table on DynamoDB Local and returns a maker of
+// backends on it that reach it through a proxy delay away, each closed
+// at the end of the test.
+func tableAt(t *testing.T, delay time.Duration) func() *ddb.Backend {
+	t.Helper()
 	srv := dynamodbtest.Require(t)
 	table := srv.NewTable(t, func(ctx context.Context, c *dynamodb.Client, name string) error {
 		_, err := ddb.CreateTable(ctx, c, name)
@@ -273,16 +283,15 @@ func TestFleetOnDynamoDB(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
-	proxy.SetDelay(5 * time.Millisecond)
-	conns, svcs := replicas(t, func() backend.Backend {
+	proxy.SetDelay(delay)
+	return func() *ddb.Backend {
 		be, err := ddb.New(srv.ClientAt(proxy.Endpoint()), ddb.Options{Table: table})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { be.Close() })
 		return be
-	})
-	shiftingDemand(t, conns, svcs...)
+	}
 }
 
 // TestFleetOnRedis is the fleet on three replicas sharing one Redis.

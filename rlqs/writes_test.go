@@ -2,17 +2,14 @@ package rlqs_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"google.golang.org/grpc"
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
 	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
-	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
 	rds "github.com/sluice-rl/sluice/backend/redis"
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
 	"github.com/sluice-rl/sluice/rlqs"
@@ -132,24 +129,10 @@ func oneWritePerAssignment(t *testing.T, open func() backend.Backend, storeWrite
 // buckets over 45 s. So the billed writes are allowed a fifth more.
 func TestOneWritePerAssignmentOnDynamoDB(t *testing.T) {
 	t.Parallel()
-	srv := dynamodbtest.Require(t)
-	table := srv.NewTable(t, func(ctx context.Context, c *dynamodb.Client, name string) error {
-		_, err := ddb.CreateTable(ctx, c, name)
-		return err
-	})
-	proxy, err := dynamodbtest.NewProxy(strings.TrimPrefix(srv.Endpoint(), "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { proxy.Close() })
-	proxy.SetDelay(5 * time.Millisecond)
+	newBackend := tableAt(t, 5*time.Millisecond)
 	var bes []*ddb.Backend
 	oneWritePerAssignment(t, func() backend.Backend {
-		be, err := ddb.New(srv.ClientAt(proxy.Endpoint()), ddb.Options{Table: table})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { be.Close() })
+		be := newBackend()
 		bes = append(bes, be)
 		return be
 	}, func() int64 {

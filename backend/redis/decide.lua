@@ -173,7 +173,7 @@ end
 local function expire(j, width, now)
   local o, keep, sum, gone = outs[j], {}, 0, {}
   for i = 1, #o, 2 do
-    if o[i] * width + 2000 < now then
+    if o[i] * width + 2000 < now then -- 2000: bucket.ExpiryMargin
       outdirty[j] = true
       gone[#gone + 1] = o[i]; gone[#gone + 1] = o[i + 1]
     else
