@@ -29,6 +29,13 @@ type State struct {
 	// starts while leases are out admits no more than one that starts
 	// with them in the bucket. The zero value is no lease out.
 	Out [LeaseSlots]Out
+	// AtRoomSince is the time (epoch ms) since which the bucket has held
+	// its Room, and refill has stood still, without a break; 0 when it is
+	// below its room or that time is not known. Tokens spent from a lease
+	// are counted out until their holder reports them, so the refill that
+	// stood still meanwhile is owed to the room they made: a report may
+	// credit it, once (Return).
+	AtRoomSince int64
 }
 
 // Leased is the sum of what s's leases hold, in millitokens.
@@ -72,7 +79,8 @@ func gcd(a, b int64) int64 {
 // that reaches its Room (the burst less what its leases hold) is full,
 // and a full bucket's clock moves to now: time spent full is never
 // credited later (the back-dating pitfall), not even once leases come
-// back and make room.
+// back and make room, except to a report of spent lease tokens, from
+// AtRoomSince (Return).
 func Refill(l Limit, s State, now int64) State {
 	room := Room(l, s)
 	if s.Tokens >= room {
@@ -80,8 +88,13 @@ func Refill(l Limit, s State, now int64) State {
 		// would credit that time again once leases come back and make
 		// room.
 		s.Tokens, s.Clock = room, max(s.Clock, now)
+		if s.AtRoomSince == 0 {
+			// Since when is not known: from now, which owes nothing.
+			s.AtRoomSince = s.Clock
+		}
 		return s
 	}
+	s.AtRoomSince = 0
 	if s.Tokens < 0 {
 		s.Tokens = 0
 	}
@@ -97,7 +110,7 @@ func Refill(l Limit, s State, now int64) State {
 	steps := (now - s.Clock) / dt
 	need := ceilDiv(room-s.Tokens, da)
 	if steps >= need {
-		s.Tokens, s.Clock = room, now
+		s.Tokens, s.Clock, s.AtRoomSince = room, now, s.Clock+need*dt
 		return s
 	}
 	s.Tokens += steps * da

@@ -35,9 +35,10 @@ func Decide(limits []Limit, states []State, hits uint64, now int64, results []Re
 	}
 	for i, l := range limits {
 		r := &results[i]
-		if allowed {
+		if allowed && r.Cost > 0 {
 			states[i].Tokens -= r.Cost
 			states[i].Consumed = satAdd(states[i].Consumed, r.Cost)
+			states[i].AtRoomSince = 0
 		}
 		r.Tokens = states[i].Tokens
 		if r.Allowed {
@@ -60,6 +61,9 @@ func Refund(limits []Limit, states []State, hits uint64, now int64, results []Re
 		s.Tokens = min(room, s.Tokens+RefundAmount(l, hits))
 		if s.Tokens == room {
 			s.Clock = now
+			if s.AtRoomSince == 0 {
+				s.AtRoomSince = now
+			}
 		}
 		states[i] = s
 		results[i] = Result{Tokens: s.Tokens, Allowed: true, Wait: Wait(l, s, l.Burst, now)}

@@ -65,29 +65,72 @@ func Expire(s State, w, now int64) (State, int64) {
 			s.Out[i] = Out{}
 		}
 	}
+	if freed > 0 {
+		// Room it cannot say was spent in, and so not refilled from the
+		// past: the bucket is below its room from now.
+		s.AtRoomSince = 0
+	}
 	return s, freed
 }
 
-// Return takes a holder's report off s, refilled to the moment it lands:
-// it had out millitokens in window n, of which back are unspent and go
-// back into the bucket (never above its Room); the rest was spent. It
-// reports false, changing nothing, when s has no slot of window n
-// holding out: the window was freed (Expire) and the tokens with it, so
-// nothing comes back.
-func Return(l Limit, s State, n, out, back int64) (State, bool) {
-	if out <= 0 {
-		return s, back <= 0
+// Report is a holder's account, with one of its writes, of its lease's
+// tokens in one window.
+type Report struct {
+	// Window is the window its tokens are out in.
+	Window int64
+	// Out is what the store counts out for the lease there.
+	Out int64
+	// Back is what of Out it did not spend and gives back to the bucket;
+	// Keep, what it did not spend and keeps, out again in the window of
+	// its next lease (Lend). The rest of Out was spent.
+	Back, Keep int64
+	// First is when it first spent of Out, by the writer's clock; 0 when
+	// it spent nothing or cannot say.
+	First int64
+}
+
+// spent is what of r's tokens its holder spent.
+func (r Report) spent() int64 { return max(r.Out-max(r.Back, 0)-max(r.Keep, 0), 0) }
+
+// Return takes a holder's report r off s, refilled to now, the moment it
+// lands: what it gives back goes back into the bucket (never above its
+// Room); what it spent leaves the slot. It reports false, changing
+// nothing, when s has no slot of r's window holding r.Out: the window was
+// freed (Expire) and the tokens with it, so nothing comes back.
+//
+// Spent tokens were counted out until now, and refill stood still at a
+// room they kept too small. A bucket that has stood at its room since
+// before they were spent (AtRoomSince, First) is credited the refill
+// that stood still since then, up to what they made room for, and
+// AtRoomSince moves past the time credited: a second report, from
+// another holder, is credited only the time left, never the same twice.
+func Return(l Limit, s State, r Report, now int64) (State, bool) {
+	if r.Out <= 0 {
+		return s, r.Back <= 0
 	}
-	i := slotOf(s, n)
-	if i < 0 || s.Out[i].Tokens < out {
+	i := slotOf(s, r.Window)
+	if i < 0 || s.Out[i].Tokens < r.Out {
 		return s, false
+	}
+	since := s.AtRoomSince
+	if s.Tokens < Room(l, s) {
+		since = 0
 	}
 	// The window stays, empty, until it is freed: another writer may
 	// be lending into it at once, in a store whose writes are not
 	// serialized.
-	s.Out[i].Tokens -= out
-	if back > 0 {
-		s.Tokens = min(s.Tokens+min(back, out), Room(l, s))
+	s.Out[i].Tokens -= r.Out
+	s.Tokens = min(s.Tokens+min(max(r.Back, 0), r.Out), Room(l, s))
+	if spent := r.spent(); since != 0 && r.First != 0 && spent > 0 && l.Amount > 0 {
+		from := max(since, r.First)
+		dt, da := quantum(l)
+		steps := min(max(now-from, 0)/dt, spent/da)
+		s.Tokens = min(s.Tokens+steps*da, Room(l, s))
+		since = from + steps*dt
+	}
+	s.AtRoomSince = 0
+	if s.Tokens >= Room(l, s) {
+		s.AtRoomSince = since
 	}
 	return s, true
 }

@@ -29,7 +29,7 @@ type spanWorld struct {
 	// mutants: noOut lends without counting the lease against the burst;
 	// late lets a holder spend its lease past its expiry.
 	noOut, late bool
-	hotUntil    int64
+	hotUntil            int64
 }
 
 type admission struct{ at, tokens int64 }
@@ -40,6 +40,7 @@ type simReplica struct {
 	out     int64 // what the store counts out for it, in window win
 	win     int64
 	expires int64 // by its own clock
+	first   int64 // when it first spent since its last report, by its clock
 	busy    bool  // a write of it is in flight
 	dead    bool
 	// pausedUntil: it asks nothing until then (true time).
@@ -56,6 +57,7 @@ type simWrite struct {
 	at        int64
 	win, out  int64
 	keep, ask int64
+	first     int64
 	back      int64 // unspent tokens of an expired lease, given back
 	cost      int64
 	granted   int64
@@ -80,7 +82,8 @@ func (s *spanWorld) land(w *simWrite) {
 	// report goes first: what its lease held when it expired is unspent.
 	st := Refill(s.l, s.store, at)
 	if w.out > 0 {
-		if next, ok := Return(s.l, st, w.win, w.out, w.back); ok {
+		rep := Report{Window: w.win, Out: w.out, Back: w.back, Keep: w.keep, First: w.first}
+		if next, ok := Return(s.l, st, rep, at); ok {
 			st = next
 		} else {
 			w.keep = 0 // the window was freed: what it kept is lost
@@ -95,7 +98,10 @@ func (s *spanWorld) land(w *simWrite) {
 	if denied {
 		g = 0
 	}
-	st.Tokens -= w.cost
+	if w.cost > 0 {
+		st.Tokens -= w.cost
+		st.AtRoomSince = 0
+	}
 	w.newWin = LeaseWindow(w.at+s.life, s.w)
 	keep := w.keep
 	if s.noOut {
@@ -180,9 +186,18 @@ func (s *spanWorld) step() {
 			r.pausedUntil = s.now + s.r.Int64N(4*s.life)
 			continue
 		}
+		if s.r.IntN(300) == 0 {
+			// A short one: it holds its lease unspent while the bucket
+			// stands at its room, then spends it at once.
+			r.pausedUntil = s.now + s.r.Int64N(s.life/2)
+			continue
+		}
 		expired := s.clock(r) >= r.expires && !s.late
 		if !expired && r.held >= cost {
 			r.held -= cost
+			if r.first == 0 {
+				r.first = s.clock(r)
+			}
 			s.admit(hits)
 			if !r.busy && r.held < r.out/2 {
 				s.write(r, 0)
@@ -205,10 +220,10 @@ func (s *spanWorld) write(r *simReplica, cost int64) {
 		r.held = 0
 	}
 	rtt := 1 + s.r.Int64N(80)
-	w := simWrite{rep: r, at: at, win: r.win, out: r.out, keep: keep, back: back,
+	w := simWrite{rep: r, at: at, win: r.win, out: r.out, keep: keep, back: back, first: r.first,
 		ask: Milli * (1 + s.r.Int64N(s.l.Burst/Milli/3+1)), cost: cost,
 		landsAt: s.now + rtt/2, answer: s.now + rtt, lost: s.r.IntN(50) == 0}
-	r.busy = true
+	r.busy, r.first = true, 0
 	s.flight = append(s.flight, w)
 }
 
@@ -295,8 +310,8 @@ func TestLeasesWithinBurstAcrossLimitChanges(t *testing.T) {
 // the burst, and holders that spend past their lease's expiry.
 func TestLeaseSpanBoundCatchesMutants(t *testing.T) {
 	for name, mutate := range map[string]func(*spanWorld){
-		"leases not counted": func(s *spanWorld) { s.noOut = true },
-		"spent past expiry":  func(s *spanWorld) { s.late = true },
+		"leases not counted":  func(s *spanWorld) { s.noOut = true },
+		"spent past expiry":   func(s *spanWorld) { s.late = true },
 	} {
 		caught := 0
 		for seed := range uint64(40) {
@@ -343,10 +358,10 @@ func TestExpiredLeasesComeBack(t *testing.T) {
 		if freed != 40*Milli || Room(l, after) != l.Burst || after.Tokens != 60*Milli {
 			t.Errorf("granted at %d: freed %d, room %d, tokens %d; want 40000, the burst, 60000 (the tokens stay spent)", granted, freed, Room(l, after), after.Tokens)
 		}
-		if _, ok := Return(l, after, n, 40*Milli, 40*Milli); ok {
+		if _, ok := Return(l, after, Report{Window: n, Out: 40 * Milli, Back: 40 * Milli}, late); ok {
 			t.Errorf("granted at %d: a report landing after its window was freed gave tokens back", granted)
 		}
-		back, ok := Return(l, s, n, 40*Milli, 15*Milli)
+		back, ok := Return(l, s, Report{Window: n, Out: 40 * Milli, Back: 15 * Milli}, granted)
 		if !ok || back.Tokens != 75*Milli || back.Leased() != 0 {
 			t.Errorf("report of 15 unspent of 40: ok %v, tokens %d, out %d; want 75000, 0", ok, back.Tokens, back.Leased())
 		}
@@ -363,11 +378,85 @@ func TestRefillStopsAtRoom(t *testing.T) {
 	if s.Tokens != 70*Milli || s.Clock != 60_000 {
 		t.Fatalf("after a minute: tokens %d, clock %d; want 70000 at 60000", s.Tokens, s.Clock)
 	}
-	s, _ = Return(l, s, 1, 30*Milli, 0)
+	s, _ = Return(l, s, Report{Window: 1, Out: 30 * Milli}, 60_000)
 	if s = Refill(l, s, 60_000); s.Tokens != 70*Milli {
 		t.Fatalf("a report made room: tokens %d at once; want 70000 (the room refills from now)", s.Tokens)
 	}
 	if s = Refill(l, s, 61_000); s.Tokens != 80*Milli {
 		t.Fatalf("a second later: tokens %d; want 80000", s.Tokens)
+	}
+}
+
+// Tokens spent from a lease count out until their holder reports them,
+// and refill stands still at the room they leave meanwhile; the report
+// is credited that refill, from when the holder first spent and the
+// bucket stood at its room, up to what it spent, and never the same time
+// twice.
+func TestReportCreditsTheRefillSpentTokensHeldUp(t *testing.T) {
+	l := Limit{Name: "rps", Amount: 10 * Milli, Period: Second, Burst: 100 * Milli}
+	lent := func() State {
+		// Two holders of 30 each; the bucket stands at its room of 40.
+		s, _ := Lend(Full(l, 0), 1, 30*Milli, 0)
+		s, _ = Lend(s, 1, 30*Milli, 0)
+		return Refill(l, s, 100)
+	}
+	for _, c := range []struct {
+		name  string
+		first int64
+		spent int64
+		at    int64
+		want  int64 // tokens after the report
+	}{
+		// Spent from 100 ms, reported at 2100: 2 s of refill owed, 20
+		// tokens, and 20 were spent.
+		{"spent early", 100, 20, 2100, 60},
+		// The same 20 spent from 1600: half a second owed, 5 tokens.
+		{"spent late", 1600, 20, 2100, 45},
+		// 3 spent over 2 s: owed 20, but only 3 made room.
+		{"spent little", 100, 3, 2100, 43},
+		// Nothing spent: nothing owed.
+		{"spent nothing", 0, 0, 2100, 40},
+	} {
+		s := lent()
+		s = Refill(l, s, c.at)
+		s, ok := Return(l, s, Report{Window: 1, Out: 30 * Milli, Keep: 30*Milli - c.spent*Milli, First: c.first}, c.at)
+		if !ok || s.Tokens != c.want*Milli {
+			t.Errorf("%s: ok %v, tokens %d; want %d", c.name, ok, s.Tokens, c.want*Milli)
+		}
+		if s.Tokens > Room(l, s)-(30*Milli-c.spent*Milli) {
+			t.Errorf("%s: tokens %d above the room once the holder's keep is lent again", c.name, s.Tokens)
+		}
+	}
+
+	// Both holders spent 20 from 100 ms; the time owed (2 s, 20 tokens)
+	// is credited once between them.
+	s := Refill(l, lent(), 2100)
+	s, _ = Return(l, s, Report{Window: 1, Out: 30 * Milli, Keep: 10 * Milli, First: 100}, 2100)
+	s, _ = Lend(s, 1, 0, 10*Milli)
+	s, _ = Return(l, s, Report{Window: 1, Out: 30 * Milli, Keep: 10 * Milli, First: 100}, 2100)
+	if s.Tokens != 60*Milli {
+		t.Errorf("two reports of the same 2 s: tokens %d; want 60000", s.Tokens)
+	}
+
+	// A bucket that went below its room since (a decision took from it)
+	// owes nothing from before: refill ran meanwhile.
+	s = lent()
+	states, res := []State{s}, make([]Result, 1)
+	Decide([]Limit{l}, states, 1, 1000, res)
+	s = Refill(l, states[0], 2100)
+	if s.Tokens != 40*Milli || s.AtRoomSince != 1100 {
+		t.Fatalf("refilled after a decision: tokens %d, at room since %d; want 40000 since 1100", s.Tokens, s.AtRoomSince)
+	}
+	s, _ = Return(l, s, Report{Window: 1, Out: 30 * Milli, Keep: 10 * Milli, First: 100}, 2100)
+	if s.Tokens != 50*Milli {
+		t.Errorf("report after the bucket refilled to its room at 1100: tokens %d; want 50000 (1 s owed)", s.Tokens)
+	}
+
+	// Room freed by an expired window may not have been spent in: it
+	// owes nothing.
+	at := int64(1000 + ExpiryMargin + 1)
+	s, freed := Expire(Refill(l, lent(), at), 1000, at)
+	if s = Refill(l, s, at); freed != 60*Milli || s.Tokens != 40*Milli {
+		t.Errorf("windows freed: %d freed, tokens %d; want 60000, 40000", freed, s.Tokens)
 	}
 }
