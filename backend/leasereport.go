@@ -25,6 +25,9 @@ type LeaseReport struct {
 	// lease: every token of its grants since its last report, spent or
 	// not. nil with Window 0.
 	Out []int64
+	// First is when the lease first paid a call of those tokens (0: it
+	// paid none), by this replica's clock (bucket.Report.First).
+	First int64
 }
 
 // LeaseWindowMs is the width (ms) of the expiry windows of these leases.
@@ -74,6 +77,9 @@ func (ls *Leases[K]) Renewing(b *LeaseBucket[K]) (keep []int64, rep LeaseReport,
 // has is not reported: its window frees it). h locked.
 func (h *holding) takeReport(res Resolved) LeaseReport {
 	h.reporting = true
+	first := h.first
+	// What it pays from now on is the next report's.
+	h.first = 0
 	if h.win == 0 {
 		return LeaseReport{}
 	}
@@ -83,7 +89,7 @@ func (h *holding) takeReport(res Resolved) LeaseReport {
 			out[i] = h.out[j]
 		}
 	}
-	return LeaseReport{Window: h.win, Out: out}
+	return LeaseReport{Window: h.win, Out: out, First: first}
 }
 
 // Reported settles the report a write carried on b's lease, once the
@@ -146,6 +152,9 @@ func (ls *Leases[K]) Unreported(b *LeaseBucket[K], rep LeaseReport, sure bool) {
 	h.reporting = false
 	if sure && h.matches(b.Res, b.FP) {
 		h.win, h.out = rep.Window, rep.Out
+		if rep.First != 0 && (h.first == 0 || rep.First < h.first) {
+			h.first = rep.First
+		}
 		return
 	}
 	if rep.Window != 0 {

@@ -131,6 +131,10 @@ type holding struct {
 	out       []int64
 	win       int64
 	reporting bool
+	// first is when the lease first paid a call since its last report
+	// was taken (0: it has not): the store may owe the room its spending
+	// made the refill that stood still since (bucket.Report.First).
+	first int64
 	// gone: Due forgot it (empty and unused for two horizons) after a
 	// caller found it in the map and before that caller locked it.
 	// Nothing is put into a gone holding: it would be stranded there.

@@ -248,6 +248,9 @@ func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mod
 	for i := range bs {
 		h, b := hs[i], &bs[i]
 		var spent int64
+		if h.first == 0 {
+			h.first = now
+		}
 		for j, l := range b.Res.Limits {
 			c := bucket.Cost(l, hits)
 			h.tokens[j] -= c
@@ -256,6 +259,15 @@ func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mod
 			if v := h.view; v != nil && !v.Expired(now) && v.Config() == b.FP {
 				if s, ok := v.StateOf(l.Name); ok {
 					view = bucket.Refill(l, s, now)
+					if !h.reporting && h.win != 0 && j < len(h.out) {
+						// As the report of what the lease spent would
+						// leave it: refill that stood still at the room
+						// those tokens kept comes back (bucket.Return).
+						rep := bucket.Report{Window: h.win, Out: h.out[j], Keep: h.tokens[j], First: h.first}
+						if x, ok := bucket.Return(l, view, rep, now); ok {
+							view = x
+						}
+					}
 				}
 			}
 			// At most the burst less this cost, as one bucket would

@@ -128,11 +128,21 @@ func Return(l Limit, s State, r Report, now int64) (State, bool) {
 		s.Tokens = min(s.Tokens+steps*da, Room(l, s))
 		since = from + steps*dt
 	}
+	// At its room once what the holder keeps is lent again (Lend).
 	s.AtRoomSince = 0
-	if s.Tokens >= Room(l, s) {
+	if s.Tokens >= Room(l, s)-max(r.Keep, 0) {
 		s.AtRoomSince = since
 	}
 	return s, true
+}
+
+// AtRoom is since when s has stood at its room (State.AtRoomSince), or 0
+// when it is below it: what a store keeps of a state it writes.
+func AtRoom(l Limit, s State) int64 {
+	if s.Tokens < Room(l, s) {
+		return 0
+	}
+	return s.AtRoomSince
 }
 
 // Lend records that g millitokens have gone from s's tokens into a lease

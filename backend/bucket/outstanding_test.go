@@ -29,7 +29,7 @@ type spanWorld struct {
 	// mutants: noOut lends without counting the lease against the burst;
 	// late lets a holder spend its lease past its expiry.
 	noOut, late bool
-	hotUntil            int64
+	hotUntil    int64
 }
 
 type admission struct{ at, tokens int64 }
@@ -310,8 +310,8 @@ func TestLeasesWithinBurstAcrossLimitChanges(t *testing.T) {
 // the burst, and holders that spend past their lease's expiry.
 func TestLeaseSpanBoundCatchesMutants(t *testing.T) {
 	for name, mutate := range map[string]func(*spanWorld){
-		"leases not counted":  func(s *spanWorld) { s.noOut = true },
-		"spent past expiry":   func(s *spanWorld) { s.late = true },
+		"leases not counted": func(s *spanWorld) { s.noOut = true },
+		"spent past expiry":  func(s *spanWorld) { s.late = true },
 	} {
 		caught := 0
 		for seed := range uint64(40) {

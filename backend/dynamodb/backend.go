@@ -274,6 +274,25 @@ type target struct {
 	// what the write takes for the lease, per limit.
 	lease []int64
 	grant []int64
+	// The report on the lease a write carries (reporting; leasePlan):
+	// what the item counts out for it, what a renewal keeps of it (keep)
+	// and, once planned, what the item still covers of that (kept), and
+	// the window of its next lease; leaseW is the windows' width (0: no
+	// leases, nothing expires). freed marks, per limit, the slots the
+	// write frees.
+	rep       backend.LeaseReport
+	reporting bool
+	keep      []int64
+	kept      []int64
+	newWin    int64
+	leaseW    int64
+	freed     [][bucket.LeaseSlots]bool
+	// credit is, per limit, the refill the report's spent tokens are
+	// owed (bucket.Return) by a bucket at its room since since;
+	// lostBack, what the lease folded that no window covered.
+	credit   []int64
+	since    []int64
+	lostBack []int64
 
 	mode   writeMode
 	base   []bucket.State // states before the decision, per res.Limits

@@ -273,9 +273,16 @@ func (b *Backend) payFromLease(ts []target, batch []*call) bool {
 // new leases: not for a refund (given back exactly, nothing more) nor for
 // a return alone. The batch's calls counted as demand when they arrived
 // (spend).
+//
+// Every write that folds or renews a lease reports on it (backend.Fold,
+// backend.Renewing): the item counts out what this replica's leases
+// hold (bucket.State.Out), and learns only from the report what of it
+// was spent. A lease whose report another write carries is neither
+// folded nor granted to.
 func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
 	for i := range ts {
-		ts[i].lease, ts[i].grant = nil, nil
+		ts[i].lease, ts[i].grant, ts[i].keep, ts[i].kept = nil, nil, nil, nil
+		ts[i].rep, ts[i].reporting, ts[i].leaseW = backend.LeaseReport{}, false, 0
 	}
 	if b.leases == nil {
 		return false, false
@@ -291,12 +298,23 @@ func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
 			paying = true
 		}
 	}
+	now := b.now()
 	for i := range ts {
-		lb := ts[i].leased()
+		t := &ts[i]
+		lb := t.leased()
+		if refund {
+			continue
+		}
+		t.leaseW, t.newWin = b.leases.LeaseWindowMs(), b.leases.NextWindow(now)
 		// A renewal folds a lease taken under other limits: its grant
 		// under the new ones could not be added to it.
-		if !refund && (paying || giving || b.leases.Foreign(&lb)) {
-			ts[i].lease = b.leases.Withdraw(&lb)
+		if paying || giving || b.leases.Foreign(&lb) {
+			if tokens, rep, ok := b.leases.Fold(&lb); ok {
+				t.lease, t.rep, t.reporting = tokens, rep, true
+				fold = true
+			}
+		} else if keep, rep, ok := b.leases.Renewing(&lb); ok {
+			t.keep, t.rep, t.reporting = keep, rep, true
 			fold = true
 		}
 	}
@@ -310,11 +328,15 @@ func (b *Backend) unfold(ts []target, fold, sure bool) {
 		return
 	}
 	for i := range ts {
+		lb := ts[i].leased()
 		if sure {
-			lb := ts[i].leased()
 			b.leases.Restore(&lb, ts[i].lease)
 		} else {
 			b.leases.Drop(ts[i].lease)
+		}
+		if ts[i].reporting {
+			b.leases.Unreported(&lb, ts[i].rep, sure)
+			ts[i].reporting = false
 		}
 		ts[i].lease = nil
 	}
@@ -332,25 +354,36 @@ func (b *Backend) settle(ts []target, now int64, mayGrant bool) bool {
 	for i := range ts {
 		t := &ts[i]
 		var asks []lease.Ask
-		if mayGrant {
+		if mayGrant && t.reporting {
 			lb := t.leased()
 			asks = b.leases.Asks(&lb, t.view(), now, b.rtt.Ms())
 		}
 		t.grant = nil
 		for j, l := range t.res.Limits {
 			s := &t.states[j]
+			var g int64
 			if asks != nil {
 				a := asks[j]
 				a.Avail = s.Tokens
-				if g := b.leases.Policy().Size(l, a); g > 0 {
+				g = b.leases.Policy().Size(l, a)
+			}
+			if t.reporting {
+				// The grant, and what a renewal keeps of its lease, are
+				// out on lease until the new window.
+				next, ok := bucket.Lend(*s, t.newWin, g, t.kept[j])
+				if !ok {
+					g, t.kept[j] = 0, 0
+				} else {
+					*s = next
+				}
+				if g > 0 {
 					if t.grant == nil {
 						t.grant = make([]int64, len(t.res.Limits))
 					}
 					t.grant[j] = g
-					s.Tokens -= g
 				}
 			}
-			taken := bucket.Refill(l, t.base[j], now).Tokens - s.Tokens
+			taken := bucket.Refill(l, t.base[j], now).Tokens + at(t.credit, j) - s.Tokens
 			if !t.refund {
 				// A refund's batch counts what its calls consumed, as
 				// bucket.Apply did; any other counts what left the bucket.
@@ -359,10 +392,18 @@ func (b *Backend) settle(ts []target, now int64, mayGrant bool) bool {
 					s.Consumed = satAdd(s.Consumed, taken)
 				}
 			}
-			changes = changes || taken != 0
+			changes = changes || taken != 0 || s.Out != t.base[j].Out
 		}
 	}
 	return changes
+}
+
+// at is v[i], or 0 past its end.
+func at(v []int64, i int) int64 {
+	if i < len(v) {
+		return v[i]
+	}
+	return 0
 }
 
 func satAdd(a, b int64) int64 {
@@ -453,8 +494,12 @@ func (b *Backend) written(ts []target, calls []*call, now int64, wrote bool) {
 		}
 		if !c.finish() && b.leases != nil && c.kind == decide && c.allowed && !c.req.Refund {
 			// The write took the call's tokens after its caller had
-			// stopped waiting: nobody spent them.
-			b.unclaimed(ts, c)
+			// stopped waiting: nobody spent them, and they are lost.
+			costs := make([]int64, len(c.results))
+			for j, r := range c.results {
+				costs[j] = r.Cost
+			}
+			b.leases.Drop(costs)
 		}
 	}
 	b.stats.Coalesced.Add(uint64(max(decided-1, 0)))
@@ -492,11 +537,13 @@ func (b *Backend) markGuessed(t *target) {
 	}
 }
 
-// unclaimed puts the tokens an admitted call took into this replica's
-// lease on its buckets: its caller stopped waiting before the answer
-// came, and was answered by the failure policy, so the tokens have left
-// the shared bucket and were spent by nobody. They are spent by the next
-// calls, or returned with the lease.
+// unclaimed puts the tokens an admitted call took from this replica's
+// lease back into it: its caller stopped waiting before the answer came,
+// and was answered by the failure policy, so they were spent by nobody,
+// and the item still counts them out. A call the write admitted is not
+// put back (written drops its tokens): they left the bucket as spent, not
+// as a lease, and a lease that spent them later could spend them on top
+// of a bucket refilled meanwhile.
 func (b *Backend) unclaimed(ts []target, c *call) {
 	off := 0
 	for i := range ts {
@@ -523,7 +570,7 @@ func (b *Backend) leaseWritten(ts []target, now int64, wrote bool) {
 			leaseWrite = true
 		}
 		for j, l := range t.res.Limits {
-			refilled := bucket.Refill(l, t.base[j], now).Tokens
+			refilled := bucket.Refill(l, t.base[j], now).Tokens + at(t.credit, j)
 			if back := t.states[j].Tokens - refilled; back > 0 {
 				b.stats.Returned.Add(uint64(back))
 			}
@@ -538,6 +585,20 @@ func (b *Backend) leaseWritten(ts []target, now int64, wrote bool) {
 			written = t.states
 		}
 		lb := t.leased()
+		if wrote {
+			b.leases.Drop(t.lostBack)
+		}
+		if t.reporting {
+			if wrote {
+				b.leases.Reported(&lb, t.kept, t.grant, t.newWin, now)
+			} else {
+				// Nothing written: the lease is as it was.
+				b.leases.Restore(&lb, t.lease)
+				b.leases.Unreported(&lb, t.rep, true)
+				t.lease = nil
+			}
+			t.reporting = false
+		}
 		b.leases.Credit(&lb, t.grant, t.view(), written, now)
 		t.lease = nil
 	}
@@ -628,7 +689,9 @@ func (t *target) plan(now int64) {
 				t.base[i].Consumed = s.Consumed
 			}
 		}
-	case it.cfg != t.fp:
+	case it.cfg != t.fp || it.legacy:
+		// Other limits, or an item without the attributes of its leases
+		// (written before they were kept): rewritten whole.
 		t.mode = rewrite
 		copy(t.base, bucket.Reconcile(it.limits, it.states, limits, now))
 	default:
@@ -647,24 +710,55 @@ func (t *target) plan(now int64) {
 }
 
 // pool is what t's decision may spend from, per limit: the bucket as
-// planned, refilled to now, with what the replica's lease adds folded in
-// and capped at the burst like any tokens given back to a bucket (what
-// the cap cuts off is lost, as a return would lose it). The refill comes
-// first even for a batch that decides nothing (a renewal): settle counts
-// what the write takes against the refilled bucket, so a grant sized on a
-// state without its refill would take that refill too and credit it
-// nowhere.
+// planned, refilled to now, the report on this replica's lease taken in
+// (bucket.Return: what the lease folds comes back, covered by its window,
+// never above the room, and a bucket that has stood at its room since
+// the lease's first spend is credited the refill that stood still), and
+// then its expired lease windows freed. The refill comes first even for
+// a batch that decides nothing (a renewal): settle counts what the write
+// takes against the refilled bucket, so a grant sized on a state without
+// its refill would take that refill too and credit it nowhere.
 func (t *target) pool(now int64) []bucket.State {
 	states := slices.Clone(t.base)
+	n := len(t.res.Limits)
+	t.freed = make([][bucket.LeaseSlots]bool, n)
+	if t.reporting {
+		t.kept = make([]int64, n)
+	}
+	t.credit, t.lostBack, t.since = make([]int64, n), make([]int64, n), make([]int64, n)
 	for j, l := range t.res.Limits {
 		s := bucket.Refill(l, states[j], now)
-		states[j] = s
-		if t.lease == nil || t.lease[j] <= 0 {
-			continue
+		if s.AtRoomSince != 0 && t.base[j].AtRoomSince == 0 && t.base[j].Tokens >= bucket.Room(l, t.base[j]) {
+			// At its room, and the item does not say since when
+			// (fieldAtRoom, which every write that leaves it there
+			// sets): from this write on.
+			s.AtRoomSince = now
 		}
-		s.Tokens = min(s.Tokens+t.lease[j], l.Burst)
-		if s.Tokens == l.Burst {
-			s.Clock = now
+		t.since[j] = s.AtRoomSince
+		if t.reporting {
+			// The replica's own report first: a lease stops being spent
+			// when it expires, so what it holds then is unspent, and
+			// comes back while its window is still in the item.
+			rep := bucket.Report{Window: t.rep.Window, Out: at(t.rep.Out, j), Back: at(t.lease, j), Keep: at(t.keep, j)}
+			plain, ok := bucket.Return(l, s, rep, now)
+			if ok {
+				rep.First = t.rep.First
+				s, _ = bucket.Return(l, s, rep, now)
+				t.kept[j], t.credit[j] = rep.Keep, s.Tokens-plain.Tokens
+			} else {
+				// Its window was freed: what the lease held is no longer
+				// covered, and comes back to nobody.
+				t.lostBack[j] = rep.Back
+			}
+		}
+		if t.leaseW > 0 {
+			// After the refill: the room a freed window makes is
+			// refilled from now on.
+			before := s.Out
+			s, _ = bucket.Expire(s, t.leaseW, now)
+			for k := range before {
+				t.freed[j][k] = before[k].Window != 0 && s.Out[k].Window == 0
+			}
 		}
 		states[j] = s
 	}

@@ -47,6 +47,18 @@ func (e *expr) setAttr(a string, v types.AttributeValue) {
 	e.set = append(e.set, e.name(a)+" = "+e.value(v))
 }
 
+// setMinus sets attribute a to v less attribute b, as the item holds b
+// before the write.
+func (e *expr) setMinus(a string, v types.AttributeValue, b string) {
+	e.set = append(e.set, e.name(a)+" = "+e.value(v)+" - "+e.name(b))
+}
+
+// setIfAbsent sets attribute a to v unless the item holds it already.
+func (e *expr) setIfAbsent(a string, v types.AttributeValue) {
+	n := e.name(a)
+	e.set = append(e.set, n+" = if_not_exists("+n+", "+e.value(v)+")")
+}
+
 func (e *expr) addAttr(a string, v types.AttributeValue) {
 	e.add = append(e.add, e.name(a)+" "+e.value(v))
 }

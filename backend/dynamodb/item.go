@@ -34,7 +34,22 @@ const (
 	fieldConsumed = "tc"
 	fieldClock    = "rf"
 	fieldCost     = "cost"
+	// What leases hold of a limit (bucket.State.Out): their sum, the room
+	// left for refill (the burst less the tokens and that sum, kept with
+	// them so that every condition compares one attribute with a value),
+	// and per slot the window and its tokens.
+	fieldOut  = "ot"
+	fieldRoom = "rm"
+	// Since when the limit has stood at its room (bucket.State.AtRoomSince);
+	// absent when it is below it or that is not known.
+	fieldAtRoom = "fs"
 )
+
+// slotFields are the window and tokens attributes of lease slot i.
+func slotFields(i int) (window, tokens string) {
+	d := strconv.Itoa(i)
+	return "w" + d, "o" + d
+}
 
 func limitAttr(prefix, name, field string) string { return prefix + name + "_" + field }
 
@@ -46,6 +61,10 @@ type bucketItem struct {
 	ttl    int64 // epoch seconds; 0: none
 	limits []bucket.Limit
 	states []bucket.State
+	// legacy: some limit lacks the lease attributes (an item written
+	// before they were kept) or they do not add up; the next write
+	// rewrites it whole.
+	legacy bool
 }
 
 // Expired reports whether the item's ttl has passed: DynamoDB deletes such
@@ -97,7 +116,17 @@ func decodeBucket(av map[string]types.AttributeValue) (*bucketItem, error) {
 		it.limits = append(it.limits, bucket.Limit{
 			Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst],
 		})
-		it.states = append(it.states, bucket.State{Tokens: f[fieldTokens], Clock: f[fieldClock], Consumed: f[fieldConsumed]})
+		st := bucket.State{Tokens: f[fieldTokens], Clock: f[fieldClock], Consumed: f[fieldConsumed], AtRoomSince: f[fieldAtRoom]}
+		for i := range bucket.LeaseSlots {
+			w, o := slotFields(i)
+			st.Out[i] = bucket.Out{Window: f[w], Tokens: f[o]}
+		}
+		rm, hasRoom := f[fieldRoom]
+		_, hasOut := f[fieldOut]
+		if !hasRoom || !hasOut || f[fieldOut] != st.Leased() || st.Tokens+f[fieldOut]+rm != f[fieldBurst] {
+			it.legacy = true
+		}
+		it.states = append(it.states, st)
 	}
 	return it, nil
 }

@@ -45,40 +45,59 @@ func (b *Backend) write(ctx context.Context, ts []target, now int64) error {
 // concurrent writers from losing each other's consumption, and none lets
 // a stale view lift a bucket past its burst (pitfalls 1 and 8).
 //
-// A paying write takes the cost from the tokens the limit holds and, when
-// they fall short, from the fewest whole steps of its pending refill
-// (bucket.Claim): it ADDs the claimed time to the clock and the claimed
-// tokens less the cost to the tokens, on the condition that, whatever
-// other writers did meanwhile, the clock is no earlier than the one this
-// writer saw and at least the claimed time before now, and that the tokens
-// pay the cost and stay below the burst even with the refill still
-// pending. Refill is exact in whole steps, so what stays pending is
-// credited later exactly as if now; the condition guarantees no cap is
-// reached, so nothing is back-dated. Such writes commute: replicas taking
-// from one limit, even one at its limit that lives off its refill, claim
-// disjoint slices of refill time instead of invalidating each other.
+// Tokens out on lease count against the burst (bucket.State.Out): each
+// limit keeps the tokens it holds (tk), what leases hold (ot, the sum of
+// its slots: a window and its tokens each) and the room left for refill
+// (rm = burst - tk - ot). Every write keeps the three adding up, with ADD
+// where it can, so that each condition compares one attribute with a
+// value, as DynamoDB's conditions can (they add nothing up). A write
+// frees the slots whose window expired, conditioned on their exact
+// content; a report on this replica's lease takes its tokens out of the
+// slot of its window, conditioned on the window being the same (not
+// freed); a lease is added to the slot of its window, conditioned on the
+// slot being free or that window's.
+//
+// A paying write takes what it takes (net of what a folded lease gave
+// back) from the tokens the limit holds and, when they fall short, from
+// the fewest whole steps of its pending refill (bucket.Claim): it ADDs
+// the claimed time to the clock and the difference to the tokens and to
+// the room, on the condition that, whatever other writers did meanwhile,
+// the clock is no earlier than the one this writer saw and at least the
+// claimed time before now, that the tokens pay, and that the room holds
+// the whole of the refill pending: refill is exact in whole steps, so
+// what stays pending is credited later exactly as if now, and the
+// condition guarantees no cap is reached, so nothing is back-dated. Such
+// writes commute: replicas taking from one limit, even one at its limit
+// that lives off its refill, claim disjoint slices of refill time
+// instead of invalidating each other.
 //
 // A full write is for a limit that is full at now: its clock must move to
-// now (time spent full is never credited), and it then holds the burst
-// less the cost. That outcome is the same from every state that is full
-// at now, so it SETs both, on the condition that the item's state is one
-// of them: it holds at least burst-k and its clock is at least the time
-// to refill k before now, for a few k around what this writer saw
-// (bucket.FillTime). Another replica's write on a hot bucket far below its
-// limit leaves such a state, so replicas do not invalidate each other
-// there either.
+// now (time spent full is never credited), and it then holds the room
+// less what the write takes: it SETs the tokens to the burst less that
+// less what is out (read from the item as it is: tk = :v - ot) and the
+// room to what the write leaves of it, on the condition that the item's
+// state is one of those full at now: its room is at most k and its clock
+// at least the time to refill k before now, for a few k around what this
+// writer saw (bucket.FillTime). Another replica's write on a hot bucket
+// far below its limit leaves such a state, so replicas do not invalidate
+// each other there either.
 //
-// A refund, or a lease given back, is a refilling write: it moves the clock to where the refill
-// left it and ADDs the difference in tokens, on the condition that the
-// clock is still the one the refill started from and that the tokens stay
-// within [0, burst] after the ADD. A writer whose clock has moved on
-// recomputes.
+// A refund is a refilling write: it moves the clock to where the refill
+// left it and ADDs the difference in tokens (and its opposite to the
+// room), on the condition that the clock is still the one the refill
+// started from and that tokens and room stay at or above zero. A writer
+// whose clock has moved on recomputes.
 func (b *Backend) plannedOp(t *target, now int64) op {
 	e := newExpr()
 	nowSec := now / 1000
 	ttl := b.ttlSeconds(t.res, now)
 	if t.mode == unseen {
 		return b.unseenOp(t, e, now, ttl)
+	}
+	if t.mode == incremental && overLent(t) {
+		// Leases out beyond a lowered burst: no room to write within,
+		// and a state only a whole item describes until they come back.
+		t.mode = rewrite
 	}
 	if t.mode != incremental {
 		item := &bucketItem{cfg: t.fp, ttl: ttl, limits: t.res.Limits, states: t.states}
@@ -100,18 +119,32 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 			av[limitAttr(bucketPrefix, l.Name, fieldPeriod)] = num(l.Period)
 			av[limitAttr(bucketPrefix, l.Name, fieldConsumed)] = num(s.Consumed)
 			av[limitAttr(bucketPrefix, l.Name, fieldClock)] = num(s.Clock)
+			av[limitAttr(bucketPrefix, l.Name, fieldOut)] = num(s.Leased())
+			av[limitAttr(bucketPrefix, l.Name, fieldRoom)] = num(l.Burst - s.Tokens - s.Leased())
+			if since := bucket.AtRoom(l, s); since != 0 {
+				av[limitAttr(bucketPrefix, l.Name, fieldAtRoom)] = num(since)
+			}
+			for k, o := range s.Out {
+				if o.Window != 0 {
+					w, ot := slotFields(k)
+					av[limitAttr(bucketPrefix, l.Name, w)] = num(o.Window)
+					av[limitAttr(bucketPrefix, l.Name, ot)] = num(o.Tokens)
+				}
+			}
 		}
 		if t.mode == create {
 			// Nothing there, or only an item whose ttl has passed.
 			e.when("attribute_not_exists(%n) OR %n <= %v", []string{attrPK, attrTTL}, []types.AttributeValue{num(nowSec)})
 		} else {
-			// Exactly the item the rewrite was computed from.
+			// Exactly the item the rewrite was computed from, leases
+			// included.
 			old := t.item
 			e.when("%n = %v", []string{attrCfg}, []types.AttributeValue{str(old.cfg)})
 			for i, l := range old.limits {
 				e.when("%n = %v AND %n = %v",
 					[]string{limitAttr(bucketPrefix, l.Name, fieldTokens), limitAttr(bucketPrefix, l.Name, fieldClock)},
 					[]types.AttributeValue{num(old.states[i].Tokens), num(old.states[i].Clock)})
+				sameLeases(e, l, old.states[i], old.legacy)
 			}
 			notExpired(e, nowSec)
 		}
@@ -134,12 +167,15 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 		written[i] = next
 		tk := limitAttr(bucketPrefix, l.Name, fieldTokens)
 		rf := limitAttr(bucketPrefix, l.Name, fieldClock)
+		ot := limitAttr(bucketPrefix, l.Name, fieldOut)
+		rm := limitAttr(bucketPrefix, l.Name, fieldRoom)
 		cost := next.Consumed - base.Consumed
 		refilled := bucket.Refill(l, base, now)
-		// back: tokens a folded lease gives back beyond what the
-		// decision took.
-		back := next.Tokens - refilled.Tokens
-		if !t.refund && back == 0 && cost == 0 {
+		// net: what the write takes from the tokens, less what a folded
+		// lease gave back; dOut: what it adds to the leases out.
+		net := refilled.Tokens - next.Tokens
+		dOut := next.Leased() - base.Leased()
+		if !t.refund && net == 0 && cost == 0 && next.Out == base.Out {
 			// Neither taken from nor given to (a lease renewed for
 			// another limit of the bucket): left as it is, unconditioned.
 			written[i] = base
@@ -148,25 +184,37 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 		if cost > 0 {
 			e.addAttr(limitAttr(bucketPrefix, l.Name, fieldConsumed), num(cost))
 		}
+		slotOps(e, l, base, next, t.freedOf(i))
+		atRoomOps(e, l, base, next, at(t.since, i), at(t.credit, i), t.rep.First, now)
+		if dOut != 0 {
+			e.addAttr(ot, num(dOut))
+		}
 		switch {
-		case !t.refund && back <= 0 && refilled.Tokens >= l.Burst:
-			e.setAttr(tk, num(next.Tokens))
-			e.setAttr(rf, num(next.Clock))
-			fullAt(e, l, tk, rf, base, cost, now)
-		case !t.refund && back <= 0:
+		case !t.refund && refilled.Tokens >= bucket.Room(l, base):
+			e.setMinus(tk, num(l.Burst-net), ot)
+			e.setAttr(rm, num(net-dOut))
+			e.setAttr(rf, num(now))
+			e.when("%n <= %v", []string{ot}, []types.AttributeValue{num(l.Burst - net)})
+			fullAt(e, l, rm, rf, base, net, now)
+			written[i].Clock = now
+		case !t.refund:
 			// Pay from the tokens held and, if short, from the least whole
 			// steps of refill; the rest stays pending on the clock.
-			ms, claimed := bucket.Claim(l, base, cost)
-			written[i] = bucket.State{Tokens: base.Tokens + claimed - cost, Clock: base.Clock + ms, Consumed: next.Consumed}
+			ms, claimed := bucket.Claim(l, base, max(net, 0))
 			pending := refilled.Tokens - base.Tokens - claimed
+			dTk := claimed - net
+			written[i].Tokens, written[i].Clock = base.Tokens+dTk, base.Clock+ms
 			if ms > 0 {
 				e.addAttr(rf, num(ms))
 			}
-			if d := claimed - cost; d != 0 {
-				e.addAttr(tk, num(d))
+			if dTk != 0 {
+				e.addAttr(tk, num(dTk))
 			}
-			e.when("%n BETWEEN %v AND %v AND %n BETWEEN %v AND %v", []string{rf, tk}, []types.AttributeValue{
-				num(base.Clock), num(now - ms), num(cost - claimed), num(l.Burst - pending - 1 - (claimed - cost))})
+			if d := -(dTk + dOut); d != 0 {
+				e.addAttr(rm, num(d))
+			}
+			e.when("%n BETWEEN %v AND %v AND %n >= %v AND %n >= %v", []string{rf, tk, rm}, []types.AttributeValue{
+				num(base.Clock), num(now - ms), num(net - claimed), num(claimed + pending + 1)})
 		default:
 			delta := next.Tokens - base.Tokens
 			if next.Clock != base.Clock {
@@ -174,20 +222,150 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 			}
 			if delta != 0 {
 				e.addAttr(tk, num(delta))
+				e.addAttr(rm, num(-delta))
 			}
-			e.when("%n = %v AND %n BETWEEN %v AND %v", []string{rf, tk},
-				[]types.AttributeValue{num(base.Clock), num(-delta), num(l.Burst - delta)})
+			e.when("%n = %v AND %n >= %v AND %n >= %v", []string{rf, tk, rm},
+				[]types.AttributeValue{num(base.Clock), num(-delta), num(delta)})
 		}
 	}
 	return op{key: b.itemKey(t.key), e: e, next: &bucketItem{cfg: t.fp, ttl: ttl, limits: t.res.Limits, states: written}}
 }
 
+// atRoomOps keeps limit l's time at its room (fieldAtRoom, from base to
+// next): removed by a write that leaves the limit below its room, set
+// by one that leaves it there if the item does not have it. A write
+// whose report is credited the refill that stood still at the room
+// (credit, bucket.Return, from the lease's first spend or the time the
+// bucket reached its room, since, whichever is later) moves that time
+// past what it credits, on the condition that the item's state allows
+// it whatever others wrote since the view: a time at or before first
+// (the credit ran from first); a later one from which the credited time
+// has passed by now (another report moved it on since the view: what is
+// left still covers it); or, with no time in the item, a state that was
+// full by since (refill from its clock reaches its room by then, as
+// fullAt states for now). Two reports are never credited the same time.
+func atRoomOps(e *expr, l bucket.Limit, base, next bucket.State, since, credit, first, now int64) {
+	fs := limitAttr(bucketPrefix, l.Name, fieldAtRoom)
+	next.AtRoomSince = bucket.AtRoom(l, next)
+	if credit <= 0 {
+		switch {
+		case next.AtRoomSince == 0:
+			e.removeAttr(fs)
+		case base.AtRoomSince == 0:
+			e.setIfAbsent(fs, num(next.AtRoomSince))
+		}
+		return
+	}
+	d := bucket.FillTime(l, credit)
+	from := max(since, first)
+	switch {
+	case base.AtRoomSince == 0:
+		e.when("attribute_not_exists(%n)", []string{fs}, nil)
+		fullAt(e, l, limitAttr(bucketPrefix, l.Name, fieldRoom), limitAttr(bucketPrefix, l.Name, fieldClock), base, 0, from)
+		if next.AtRoomSince != 0 {
+			e.setAttr(fs, num(from+d))
+		}
+	case since <= first:
+		e.when("%n <= %v", []string{fs}, []types.AttributeValue{num(first)})
+		if next.AtRoomSince != 0 {
+			e.setAttr(fs, num(first+d))
+		}
+	default:
+		e.when("%n BETWEEN %v AND %v", []string{fs}, []types.AttributeValue{num(first), num(now - d)})
+		if next.AtRoomSince != 0 {
+			e.addAttr(fs, num(d))
+		}
+	}
+	if next.AtRoomSince == 0 {
+		e.removeAttr(fs)
+	}
+}
+
+// overLent reports whether some limit of t's item has more out on lease
+// than its burst (the burst was lowered while they were out).
+func overLent(t *target) bool {
+	for i, l := range t.res.Limits {
+		if t.base[i].Leased() > l.Burst {
+			return true
+		}
+	}
+	return false
+}
+
+// freedOf is what t's write frees of limit i's slots.
+func (t *target) freedOf(i int) [bucket.LeaseSlots]bool {
+	if i < len(t.freed) {
+		return t.freed[i]
+	}
+	return [bucket.LeaseSlots]bool{}
+}
+
+// slotOps writes what changed in limit l's lease slots from base to
+// next: a slot freed (its window expired: conditioned on its exact
+// content, and emptied or opened to the window lent into it), a report
+// or a lease in a live window (ADD to its tokens, conditioned on the
+// window, and on its tokens covering what the report takes out), or a
+// window opened in a free slot (conditioned on the slot being free or
+// already that window's, which other writers may be lending into).
+func slotOps(e *expr, l bucket.Limit, base, next bucket.State, freed [bucket.LeaseSlots]bool) {
+	for k := range bucket.LeaseSlots {
+		b, n := base.Out[k], next.Out[k]
+		if b == n {
+			continue
+		}
+		wf, of := slotFields(k)
+		w, o := limitAttr(bucketPrefix, l.Name, wf), limitAttr(bucketPrefix, l.Name, of)
+		switch {
+		case freed[k]:
+			e.when("%n = %v AND %n = %v", []string{w, o}, []types.AttributeValue{num(b.Window), num(b.Tokens)})
+			if n.Window != 0 {
+				e.setAttr(w, num(n.Window))
+				e.setAttr(o, num(n.Tokens))
+			} else {
+				e.removeAttr(w)
+				e.removeAttr(o)
+			}
+		case b.Window == n.Window:
+			d := n.Tokens - b.Tokens
+			e.addAttr(o, num(d))
+			if d < 0 {
+				e.when("%n = %v AND %n >= %v", []string{w, o}, []types.AttributeValue{num(b.Window), num(-d)})
+			} else {
+				e.when("%n = %v", []string{w}, []types.AttributeValue{num(b.Window)})
+			}
+		default: // a free slot, opened to n's window
+			e.setAttr(w, num(n.Window))
+			e.addAttr(o, num(n.Tokens))
+			e.when("attribute_not_exists(%n) OR %n = %v", []string{w, w}, []types.AttributeValue{num(n.Window)})
+		}
+	}
+}
+
+// sameLeases conditions a whole-item write on limit l's leases being as
+// s (read from the item) has them: their sum and every slot's tokens.
+func sameLeases(e *expr, l bucket.Limit, s bucket.State, legacy bool) {
+	ot := limitAttr(bucketPrefix, l.Name, fieldOut)
+	if legacy && s.Leased() == 0 {
+		e.when("attribute_not_exists(%n) OR %n = %v", []string{ot, ot}, []types.AttributeValue{num(0)})
+	} else {
+		e.when("%n = %v", []string{ot}, []types.AttributeValue{num(s.Leased())})
+	}
+	for k, o := range s.Out {
+		if o.Window == 0 {
+			continue
+		}
+		_, of := slotFields(k)
+		e.when("%n = %v", []string{limitAttr(bucketPrefix, l.Name, of)}, []types.AttributeValue{num(o.Tokens)})
+	}
+}
+
 // unseenOp is a create that also succeeds on an item of the same limits
-// that is full at now: both leave the bucket full less what the decision
-// took, with its clock at now. It SETs every attribute a create puts and
-// ADDs to the consumed totals (which start at zero on a new item). An
-// expired item of the same limits counts as absent; one of other limits
-// fails the condition, and the retry plans on the item it returns.
+// that is full at now with no lease out: both leave the bucket full less
+// what the decision took, with its clock at now. It SETs every attribute
+// a create puts and ADDs to the consumed totals (which start at zero on a
+// new item). An expired item of the same limits counts as absent; one of
+// other limits, or with leases out, fails the condition, and the retry
+// plans on the item it returns.
 func (b *Backend) unseenOp(t *target, e *expr, now, ttl int64) op {
 	e.setAttr(attrEntity, str(t.key.entity))
 	e.setAttr(attrResource, str(t.key.resource))
@@ -204,17 +382,39 @@ func (b *Backend) unseenOp(t *target, e *expr, now, ttl int64) op {
 		s := t.states[i]
 		tk := limitAttr(bucketPrefix, l.Name, fieldTokens)
 		rf := limitAttr(bucketPrefix, l.Name, fieldClock)
+		rm := limitAttr(bucketPrefix, l.Name, fieldRoom)
 		e.setAttr(tk, num(s.Tokens))
 		e.setAttr(rf, num(s.Clock))
 		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldCapacity), num(l.Amount))
 		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldBurst), num(l.Burst))
 		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldAmount), num(l.Amount))
 		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldPeriod), num(l.Period))
+		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldOut), num(s.Leased()))
+		e.setAttr(rm, num(l.Burst-s.Tokens-s.Leased()))
+		if fs, since := limitAttr(bucketPrefix, l.Name, fieldAtRoom), bucket.AtRoom(l, s); since != 0 {
+			e.setAttr(fs, num(since))
+		} else {
+			e.removeAttr(fs)
+		}
+		for k, o := range s.Out {
+			wf, of := slotFields(k)
+			w, ot := limitAttr(bucketPrefix, l.Name, wf), limitAttr(bucketPrefix, l.Name, of)
+			if o.Window != 0 {
+				e.setAttr(w, num(o.Window))
+				e.setAttr(ot, num(o.Tokens))
+			} else {
+				e.removeAttr(w)
+				e.removeAttr(ot)
+			}
+		}
 		cost := s.Consumed - t.base[i].Consumed
 		e.addAttr(limitAttr(bucketPrefix, l.Name, fieldConsumed), num(cost))
-		fullAt(e, l, tk, rf, t.base[i], cost, now)
+		fullAt(e, l, rm, rf, t.base[i], cost, now)
+		ot := limitAttr(bucketPrefix, l.Name, fieldOut)
+		e.when("%n = %v", []string{ot}, []types.AttributeValue{num(0)})
 	}
-	// Full at now, every limit: the clauses fullAt added, under an OR.
+	// Full at now with nothing out, every limit: the clauses added above,
+	// under an OR.
 	full := strings.Join(e.cond[mark:], " AND ")
 	e.cond = e.cond[:mark]
 	e.when("attribute_not_exists(%n) OR (%n = %v AND (%n <= %v OR "+full+"))",
@@ -223,12 +423,13 @@ func (b *Backend) unseenOp(t *target, e *expr, now, ttl int64) op {
 }
 
 // fullAt conditions a full write of limit l on an item state that is full
-// at now: one of a few regions "tk >= burst-k AND rf <= now-FillTime(k)".
-// The first k holds the state this writer saw (base); the others, halving
-// down from it and doubling up, hold the states another writer's recent
-// write leaves (its cost taken, its clock a little later).
-func fullAt(e *expr, l bucket.Limit, tk, rf string, base bucket.State, cost, now int64) {
-	seen := max(l.Burst-base.Tokens, 0)
+// at now: one of a few regions "rm <= k AND rf <= now-FillTime(k)" (room
+// rm left to refill, clock rf). The first k holds the state this writer
+// saw (base); the others, halving down from it and doubling up, hold the
+// states another writer's recent write leaves (its cost taken, its clock
+// a little later).
+func fullAt(e *expr, l bucket.Limit, rm, rf string, base bucket.State, cost, now int64) {
+	seen := max(bucket.Room(l, base)-base.Tokens, 0)
 	ks := []int64{seen}
 	from := max(seen, cost, 1)
 	for k := from; k > 0 && len(ks) < 8; k /= 2 {
@@ -250,9 +451,9 @@ func fullAt(e *expr, l bucket.Limit, tk, rf string, base bucket.State, cost, now
 		if clause.Len() > 0 {
 			clause.WriteString(" OR ")
 		}
-		clause.WriteString("(%n >= %v AND %n <= %v)")
-		names = append(names, tk, rf)
-		values = append(values, num(l.Burst-k), num(now-fill))
+		clause.WriteString("(%n <= %v AND %n <= %v)")
+		names = append(names, rm, rf)
+		values = append(values, num(k), num(now-fill))
 	}
 	e.when(clause.String(), names, values)
 }
