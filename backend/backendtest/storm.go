@@ -85,12 +85,19 @@ func Storm(ds []Decider, req backend.Request, callers int, run, budget, late tim
 // AtTheLimit checks what a storm on one key at its limit must give,
 // whatever the backend: got admitted tokens (priming calls included)
 // never over bound, at least 0.75 of reachable (the burst and the
-// refill over the storm itself), no call left to the failure policy,
-// and at most 1% of calls answered late.
+// refill over the storm itself, plus the priming calls), no call left
+// to the failure policy, and at most 1% of calls answered late. The
+// storm's own span, which starts after the priming calls took their
+// leases, admits no more than B + R*T + 1 either (reachable less 2, for
+// tests that prime with three calls or fewer): the leases the priming
+// left out count against the burst.
 func (r StormResult) AtTheLimit(t testing.TB, got, bound, reachable float64) {
 	t.Helper()
 	if got > bound {
 		t.Errorf("admitted %.0f, over the bound %.0f", got, bound)
+	}
+	if span := reachable - 2; float64(r.Admitted) > span {
+		t.Errorf("the storm admitted %d, over B + R*T + 1 = %.0f over its own span", r.Admitted, span)
 	}
 	if got < 0.75*reachable {
 		t.Errorf("admitted %.0f, under 0.75 of the burst and the load's own refill, %.0f", got, reachable)
