@@ -704,6 +704,13 @@ func (b *Backend) loadSeen(ts []target) {
 	for i := range ts {
 		seen, _ := b.seen.Get(ts[i].key)
 		ts[i].item, ts[i].seenAt, ts[i].fresh = seen.item, seen.at, false
+		if seen.guessed {
+			// Any call on it, not only the guessed one decided again,
+			// plans on such an item as new (target.plan): reconciled,
+			// the guess's lease, out under the guessed burst, would
+			// leave no room under the real one.
+			ts[i].overGuess = seen.item
+		}
 	}
 }
 
