@@ -54,6 +54,8 @@ type fleetSpec struct {
 	// wrap, when set, stands between the replicas and the shared bucket:
 	// a mutant's backend.
 	wrap func(backend.Backend) backend.Backend
+	// watch, when set, sees the Envoys after each step.
+	watch func(at int64, envoys []*simEnvoy)
 }
 
 // fleetStep is what all Envoys admitted in one step of a simulated
@@ -104,6 +106,9 @@ func runFleet(t *testing.T, spec fleetSpec) fleetRun {
 			step.admitted += got
 		}
 		run.steps = append(run.steps, step)
+		if spec.watch != nil {
+			spec.watch(step.at, envoys)
+		}
 	}
 	run.writes = be.writes.Load()
 	for _, svc := range svcs {
