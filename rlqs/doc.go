@@ -22,8 +22,10 @@
 // refill) is taken from that shared bucket with the backend's ordinary
 // decision. So the requests all Envoys admit, on any number of streams
 // and replicas, and the ShouldRateLimit calls the backend allows, never
-// pass the bucket's burst plus its refill over any span of time: the
-// bound of DESIGN section 15.
+// pass the bucket's burst plus its refill since its first use: the bound
+// of DESIGN section 15. A span that starts later may also see what was
+// paid before it and not yet admitted, at most what the replicas held
+// for the bucket's Envoys then (docs/rlqs.md, The bound; span_test.go).
 //
 // # Lifetimes
 //

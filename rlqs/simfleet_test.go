@@ -17,6 +17,7 @@ type fleetRun struct {
 	// writes is every decision that wrote the shared bucket (a take, a
 	// refund); assigned every token bucket assignment sent.
 	writes, assigned uint64
+	steps            []fleetStep
 }
 
 // simFleet runs n Envoys, spread over replicas sharing one backend, on
@@ -27,36 +28,86 @@ type fleetRun struct {
 // measures the policy alone, in a fraction of a second.
 func simFleet(t *testing.T, replicas int, rate uint64, n, seconds int, reportMs int64, demands func(sec int) []float64) fleetRun {
 	t.Helper()
+	run := runFleet(t, fleetSpec{replicas: replicas, rate: rate, n: n, seconds: seconds, reportMs: reportMs, demands: demands})
+	var admitted uint64
+	for _, s := range run.steps {
+		admitted += s.admitted
+		if bound := rate + rate*uint64(s.at)/1000 + 1; admitted > bound {
+			t.Fatalf("at %d ms: admitted %d, over the bound %d", s.at, admitted, bound)
+		}
+	}
+	return run
+}
+
+// fleetSpec is a simulated fleet: replicas sharing one bucket of rate a
+// second (burst rate), n Envoys spread over them asking demands(sec)
+// each second and reporting every reportMs, for seconds.
+type fleetSpec struct {
+	replicas   int
+	rate       uint64
+	n, seconds int
+	reportMs   int64
+	demands    func(sec int) []float64
+	// delay is how long (ms) a response takes to reach its Envoy; nil:
+	// 5 ms.
+	delay func() int64
+	// wrap, when set, stands between the replicas and the shared bucket:
+	// a mutant's backend.
+	wrap func(backend.Backend) backend.Backend
+	// watch, when set, sees the Envoys after each step.
+	watch func(at int64, envoys []*simEnvoy)
+}
+
+// fleetStep is what all Envoys admitted in one step of a simulated
+// fleet, at ms from its start.
+type fleetStep struct {
+	at       int64
+	admitted uint64
+}
+
+// runFleet runs the fleet of spec on a simulated clock, every 10 ms, and
+// records what its Envoys admitted at each step.
+func runFleet(t *testing.T, spec fleetSpec) fleetRun {
+	t.Helper()
 	now := int64(1_700_000_000_000)
 	start := now
 	clock := func() int64 { return now }
 	mem := memory.New(memory.Options{Now: clock, SweepInterval: -1})
 	defer mem.Close()
-	be := &writing{Backend: mem}
-	svcs := make([]*Service, replicas)
+	var shared backend.Backend = mem
+	if spec.wrap != nil {
+		shared = spec.wrap(mem)
+	}
+	be := &writing{Backend: shared}
+	svcs := make([]*Service, spec.replicas)
 	for i := range svcs {
-		svcs[i] = New(rlqstest.OneLimit(t, int(rate)), be, Options{Now: clock})
+		svcs[i] = New(rlqstest.OneLimit(t, int(spec.rate)), be, Options{Now: clock})
+	}
+	delay := spec.delay
+	if delay == nil {
+		delay = func() int64 { return 5 }
 	}
 	ctx := context.Background()
 	id := map[string]string{"api": "search"}
-	envoys := make([]*simEnvoy, n)
+	envoys := make([]*simEnvoy, spec.n)
 	for i := range envoys {
-		envoys[i] = newSimEnvoy(svcs[i%replicas], now)
+		envoys[i] = newSimEnvoy(svcs[i%spec.replicas], now)
 	}
-	run := fleetRun{perSecond: make([]uint64, seconds), denied: make([]uint64, seconds)}
-	var admitted uint64
+	run := fleetRun{perSecond: make([]uint64, spec.seconds), denied: make([]uint64, spec.seconds)}
 	const dt = 10 // ms
-	for ; now-start < int64(seconds)*1000; now += dt {
+	for ; now-start < int64(spec.seconds)*1000; now += dt {
 		sec := int((now - start) / 1000)
-		d := demands(sec)
+		d := spec.demands(sec)
+		step := fleetStep{at: now - start}
 		for i, e := range envoys {
-			want, got := e.step(ctx, t, id, now, dt, d[i], reportMs, func() int64 { return 5 })
+			want, got := e.step(ctx, t, id, now, dt, d[i], spec.reportMs, delay)
 			run.perSecond[sec] += got
 			run.denied[sec] += want - got
-			admitted += got
+			step.admitted += got
 		}
-		if bound := rate + rate*uint64(now-start)/1000 + 1; admitted > bound {
-			t.Fatalf("at %d ms: admitted %d, over the bound %d", now-start, admitted, bound)
+		run.steps = append(run.steps, step)
+		if spec.watch != nil {
+			spec.watch(step.at, envoys)
 		}
 	}
 	run.writes = be.writes.Load()
