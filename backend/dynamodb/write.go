@@ -318,13 +318,7 @@ func slotOps(e *expr, l bucket.Limit, base, next bucket.State, freed [bucket.Lea
 		switch {
 		case freed[k]:
 			e.when("%n = %v AND %n = %v", []string{w, o}, []types.AttributeValue{num(b.Window), num(b.Tokens)})
-			if n.Window != 0 {
-				e.setAttr(w, num(n.Window))
-				e.setAttr(o, num(n.Tokens))
-			} else {
-				e.removeAttr(w)
-				e.removeAttr(o)
-			}
+			setSlot(e, l, k, n)
 		case b.Window == n.Window:
 			d := n.Tokens - b.Tokens
 			e.addAttr(o, num(d))
@@ -339,6 +333,20 @@ func slotOps(e *expr, l bucket.Limit, base, next bucket.State, freed [bucket.Lea
 			e.when("attribute_not_exists(%n) OR %n = %v", []string{w, w}, []types.AttributeValue{num(n.Window)})
 		}
 	}
+}
+
+// setSlot writes limit l's lease slot k as o: its window and tokens, or
+// nothing for an empty slot.
+func setSlot(e *expr, l bucket.Limit, k int, o bucket.Out) {
+	wf, of := slotFields(k)
+	w, ot := limitAttr(bucketPrefix, l.Name, wf), limitAttr(bucketPrefix, l.Name, of)
+	if o.Window != 0 {
+		e.setAttr(w, num(o.Window))
+		e.setAttr(ot, num(o.Tokens))
+		return
+	}
+	e.removeAttr(w)
+	e.removeAttr(ot)
 }
 
 // sameLeases conditions a whole-item write on limit l's leases being as
@@ -397,15 +405,7 @@ func (b *Backend) unseenOp(t *target, e *expr, now, ttl int64) op {
 			e.removeAttr(fs)
 		}
 		for k, o := range s.Out {
-			wf, of := slotFields(k)
-			w, ot := limitAttr(bucketPrefix, l.Name, wf), limitAttr(bucketPrefix, l.Name, of)
-			if o.Window != 0 {
-				e.setAttr(w, num(o.Window))
-				e.setAttr(ot, num(o.Tokens))
-			} else {
-				e.removeAttr(w)
-				e.removeAttr(ot)
-			}
+			setSlot(e, l, k, o)
 		}
 		cost := s.Consumed - t.base[i].Consumed
 		e.addAttr(limitAttr(bucketPrefix, l.Name, fieldConsumed), num(cost))
