@@ -175,6 +175,13 @@ def at_limit(rows, replicas=False):
         print(f"\n{r['load']}, {who}: admitted {admitted}{primed} in T = {t:.3f} s{since}, "
               f"{r['errors']} errors, {past} past the deadline{handled}; "
               f"bound B + R*T + 1 = {bound:.0f} ({key}: B {burst}, R {rate}/s){shared}; admitted/bound = {admitted / bound:.3f}")
+        if prime:
+            # The run's own span starts after the priming calls took their
+            # leases: the bound holds over it too when leases out count
+            # against the burst.
+            span = (burst + rate * r["elapsed_seconds"] + 1) * buckets
+            print(f"  the run's own span ({r['elapsed_seconds']:.3f} s, after the priming): admitted {r['ok']}, "
+                  f"B + R*T + 1 = {span:.0f}; admitted/bound = {r['ok'] / span:.3f}")
 
 
 BLOCK = 4.0  # seconds: the blocks the series targets are stated over
