@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-rl/sluice/backend/bucket"
 	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/redis"
+	"github.com/sluice-rl/sluice/internal/callgate"
 )
 
 // adminStore is what the operator commands need of the store a
@@ -127,7 +128,11 @@ func (o *adminOptions) admin(ctx context.Context) (adminStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	a, err := sluiceddb.NewAdmin(client, o.table, o.keyPrefix, nil)
+	// Queries go a few at a time (callgate): a sync's usage read of its
+	// own region is sixteen at once otherwise, and the replicas' writes
+	// to this table wait behind them. The other commands query one page
+	// after another, which the gate never holds up.
+	a, err := sluiceddb.NewAdmin(callgate.DynamoDB(client, callgate.New(callgate.SyncQueries)), o.table, o.keyPrefix, nil)
 	if err != nil {
 		return nil, usageError{err}
 	}

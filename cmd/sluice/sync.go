@@ -19,6 +19,7 @@ import (
 
 	sluiceddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/redis"
+	"github.com/sluice-rl/sluice/internal/callgate"
 	"github.com/sluice-rl/sluice/regions"
 	"github.com/sluice-rl/sluice/regions/syncer"
 	"github.com/sluice-rl/sluice/telemetry"
@@ -126,7 +127,9 @@ func openStore(ctx context.Context, raw, keyPrefix string) (syncer.Store, func()
 		if err != nil {
 			return nil, nil, err
 		}
-		a, err := sluiceddb.NewAdmin(client, u.Host, keyPrefix, nil)
+		// The sync's usage reads queue for the table rather than land on
+		// it all at once, ahead of the replicas' decisions (callgate).
+		a, err := sluiceddb.NewAdmin(callgate.DynamoDB(client, callgate.New(callgate.SyncQueries)), u.Host, keyPrefix, nil)
 		if err != nil {
 			return nil, nil, usageError{err}
 		}

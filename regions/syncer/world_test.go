@@ -1,6 +1,7 @@
 package syncer_test
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -20,12 +21,14 @@ import (
 	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
 	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
 	"github.com/sluice-rl/sluice/backend/lease"
+	"github.com/sluice-rl/sluice/internal/callgate"
 	"github.com/sluice-rl/sluice/regions"
 	"github.com/sluice-rl/sluice/regions/syncer"
 )
 
 var (
 	long     = flag.Bool("regions.long", false, "run the regions' world at full size (make soak): 10 s windows, 1,000/s, faults")
+	gateAB   = flag.Bool("regions.gateab", false, "let the syncs' usage queries through their gates (internal/callgate) in every other window only, and log the decisions' latencies of the windows with and without, side by side (BENCHMARKS.md section 6)")
 	baseline = flag.Bool("regions.baseline", false, "run the world with shares that never move (serve's --global-window 0) and no syncs: each region at its base, the in-region baseline for latency; use and following demand are logged, not checked")
 )
 
@@ -80,21 +83,37 @@ type runningSync struct {
 	wrote  atomic.Int64
 }
 
-// latencies keeps every decision's latency, for percentiles.
+// latencies keeps every decision's latency and the tick it began in, for
+// percentiles.
 type latencies struct {
-	mu sync.Mutex
-	d  []time.Duration
+	mu   sync.Mutex
+	d    []time.Duration
+	tick []int
 }
 
-func (l *latencies) add(d time.Duration) { l.mu.Lock(); l.d = append(l.d, d); l.mu.Unlock() }
+func (l *latencies) add(n int, d time.Duration) {
+	l.mu.Lock()
+	l.d, l.tick = append(l.d, d), append(l.tick, n)
+	l.mu.Unlock()
+}
 
 func (l *latencies) quantile(q float64) time.Duration {
+	return l.quantileOf(q, func(int) bool { return true })
+}
+
+// quantileOf is the q quantile of the decisions whose tick keep keeps.
+func (l *latencies) quantileOf(q float64, keep func(tick int) bool) time.Duration {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if len(l.d) == 0 {
+	var s []time.Duration
+	for i, d := range l.d {
+		if keep(l.tick[i]) {
+			s = append(s, d)
+		}
+	}
+	l.mu.Unlock()
+	if len(s) == 0 {
 		return 0
 	}
-	s := slices.Clone(l.d)
 	slices.Sort(s)
 	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
@@ -140,6 +159,12 @@ type worldConfig struct {
 	coldFailed float64
 	// baseline: shares never move and no sync runs (-regions.baseline).
 	baseline bool
+	// replicas is each region's (0: two).
+	replicas int
+	// gateAB lets the syncs' queries through their gates in the windows
+	// of even slots only (-regions.gateab); otherwise always, as sluice
+	// sync does.
+	gateAB bool
 }
 
 func newWorld(t *testing.T, c worldConfig) *world {
@@ -190,7 +215,7 @@ func newWorld(t *testing.T, c worldConfig) *world {
 				t.Fatal(err)
 			}
 		}
-		for range 2 {
+		for range cmp.Or(c.replicas, 2) {
 			b, err := ddb.New(servers[name].ClientAt(r.near.Endpoint()), ddb.Options{Table: tables[name], Global: g, Now: now})
 			if err != nil {
 				t.Fatal(err)
@@ -205,7 +230,13 @@ func newWorld(t *testing.T, c worldConfig) *world {
 				p = proxy(other, c.far)
 				r.far[other] = p
 			}
-			a, err := ddb.NewAdmin(servers[other].ClientAt(p.Endpoint()), tables[other], "", now)
+			// As sluice sync opens its stores: queries a few at a time.
+			client := servers[other].ClientAt(p.Endpoint())
+			api := callgate.DynamoDB(client, callgate.New(callgate.SyncQueries))
+			if c.gateAB {
+				api = abQueries{AdminAPI: api, open: client, gated: func() bool { return c.clock.At(now())%2 == 0 }}
+			}
+			a, err := ddb.NewAdmin(api, tables[other], "", now)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -297,7 +328,7 @@ func (w *world) load(ctx context.Context) *sync.WaitGroup {
 						Defaults: []bucket.Limit{w.limit}, Hits: 1, Global: true})
 					cancel()
 					took := time.Since(began)
-					r.lat.add(took)
+					r.lat.add(n, took)
 					if took >= 50*time.Millisecond {
 						r.slow.Add(1)
 					}
@@ -555,4 +586,20 @@ func TestRegionsKeepTheBoundAndFollowDemand(t *testing.T) {
 
 	}
 	t.Logf("admitted %d over %v: %.3f of B + R*T", all, run, float64(all)/(burst+w.rate*run.Seconds()))
+}
+
+// abQueries sends its queries through its AdminAPI while gated says so,
+// and straight to open otherwise: the same world with and without the
+// syncs' gates, window by window.
+type abQueries struct {
+	ddb.AdminAPI
+	open  *dynamodb.Client
+	gated func() bool
+}
+
+func (a abQueries) Query(ctx context.Context, in *dynamodb.QueryInput, opts ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error) {
+	if a.gated() {
+		return a.AdminAPI.Query(ctx, in, opts...)
+	}
+	return a.open.Query(ctx, in, opts...)
 }
