@@ -111,6 +111,11 @@ func (c *Cache) load(ctx context.Context, k key) <-chan singleflight.Result {
 	// A length prefix keeps any two keys apart, whatever bytes they hold.
 	return c.group.DoChan(strconv.Itoa(len(k.entity))+":"+k.entity+k.resource, func() (any, error) {
 		start := c.now()
+		if e, ok := c.lru.Peek(k); ok && start-e.readAt < c.ttl/2 {
+			// A caller that saw the record old asked just as a read
+			// ended: that read is fresh, and another would be wasted.
+			return e.rec, nil
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readTimeout)
 		defer cancel()
 		rec, err := c.read(rctx, k.entity, k.resource)
