@@ -50,7 +50,8 @@
 # REDIS_DELAY (the same for Redis, in the redis configurations, for every
 # load), DURATION (default 10s, or the load's own; set, it is every
 # load's), WARMUP (default 5s), LOADS and CONFIGS (space-separated names,
-# to run a subset), OUT.
+# to run a subset), OUT, SERIES (far-limit's window, default 1s: 100ms
+# shows a storm's first second round trip by round trip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -92,7 +93,7 @@ declare -A load_args=(
 	# the store 70 ms away, after one call with no deadline to each
 	# replica (-prime), 100 callers per replica, each call with Envoy's
 	# kind of deadline (50 ms).
-	[far-limit]="-descriptor bench_far=l -fresh -concurrency 300 -timeout 50ms -warmup 0 -prime -series 1s"
+	[far-limit]="-descriptor bench_far=l -fresh -concurrency 300 -timeout 50ms -warmup 0 -prime -series ${SERIES:-1s}"
 	# far-limit-warm: the same on a DynamoDB Local warmed first: a fresh
 	# emulator's JVM spends over half a core compiling in its first
 	# minute, on the cores the replicas and the callers share.

@@ -172,6 +172,7 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 		b.stats.ConditionRetries.Add(1)
 		for i := range ts {
 			b.raced.Add(ts[i].key, now)
+			ts[i].raced = true
 		}
 		if unsure(ts, live) {
 			b.unfold(ts, fold, true)
@@ -252,7 +253,14 @@ func (b *Backend) payFromLease(ts []target, batch []*call) bool {
 		if c.done {
 			continue
 		}
-		if c.kind != decide || c.req.Refund || c.req.Bulk || c.ctx.Err() != nil {
+		if err := c.ctx.Err(); err != nil && c.kind == decide {
+			// Its caller is gone or going: a write for it would only
+			// hold the lane a round trip for an answer nobody reads.
+			c.err = fmt.Errorf("bucket %q/%q: %w", c.req.Entity, c.req.Resource, err)
+			c.finish()
+			continue
+		}
+		if c.kind != decide || c.req.Refund || c.req.Bulk {
 			return false
 		}
 		d, ok := b.spend(ts, c.req, backend.LevelNone, false)
@@ -283,6 +291,7 @@ func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
 	for i := range ts {
 		ts[i].lease, ts[i].grant, ts[i].keep, ts[i].kept = nil, nil, nil, nil
 		ts[i].rep, ts[i].reporting, ts[i].leaseW = backend.LeaseReport{}, false, 0
+		ts[i].raced = false
 	}
 	if b.leases == nil {
 		return false, false
@@ -728,7 +737,7 @@ func (t *target) pool(now int64) []bucket.State {
 	t.credit, t.lostBack, t.since = make([]int64, n), make([]int64, n), make([]int64, n)
 	for j, l := range t.res.Limits {
 		s := bucket.Refill(l, states[j], now)
-		if s.AtRoomSince != 0 && t.base[j].AtRoomSince == 0 && t.base[j].Tokens >= bucket.Room(l, t.base[j]) {
+		if s.AtRoomSince != 0 && t.base[j].AtRoomSince == 0 && (t.raced || t.base[j].Tokens >= bucket.Room(l, t.base[j])) {
 			// At its room, and the item does not say since when
 			// (fieldAtRoom, which every write that leaves it there
 			// sets): from this write on.
