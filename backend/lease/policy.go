@@ -55,7 +55,8 @@ type Ask struct {
 	// included (a Fleet below Own counts as Own).
 	Own, Fleet float64
 	// Avail is what the bucket holds after the decision the lease is
-	// taken with; Held what the lease still holds.
+	// taken with; Held what the lease will still hold when the grant
+	// lands.
 	Avail, Held int64
 	// Grow is the size of the last grant when it was spent faster than
 	// planned (renewed within half a Horizon of being granted), else 0:
