@@ -284,10 +284,14 @@ func checkAnswered(t *testing.T, answers []answer) {
 	t.Logf("slowest answer %v", slowest.Round(time.Millisecond))
 	// Sluice answers 100 ms before the deadline. A machine running two
 	// race-detector suites and two DynamoDB Locals on two cores was seen
-	// to hold one call of 3,647 past it (by 4 ms); a Sluice that waited
-	// on its backend past the deadline would make every call of an
-	// outage late, hundreds of them.
-	if late > len(answers)/500 {
+	// to hold one call of 3,647 past it (by 4 ms); the same beside two
+	// busy loops held 4 of 463 to 856, by 2 to 52 ms, in one or two
+	// stalls of the machine that caught every caller's call at once
+	// (outageWorkers). A Sluice that waited on its backend past the
+	// deadline would make every call of an outage late, hundreds of
+	// them: so at most two stalls' worth of calls, or 0.2%, whichever is
+	// more.
+	if late > max(len(answers)/500, 2*outageWorkers) {
 		t.Errorf("%d of %d calls not answered within their %v deadline", late, len(answers), outageDeadline)
 	}
 }
