@@ -872,33 +872,6 @@ func TestLeasesAsks(t *testing.T) {
 		}
 	})
 
-	t.Run("held when the grant lands", func(t *testing.T) {
-		// A lease spent at its demand for the round trip a renewal
-		// takes holds that much less when the grant lands: the renewal
-		// is sized on that, or at the limit, where the demand spends
-		// any lease within the round trip, a renewal that goes out as a
-		// grant lands would be sized on the grant and bring nothing.
-		spent := func(n int) *Leases[string] {
-			ls, _ := newTestLeases()
-			ls.Credit(&b, []int64{whole(100)}, nil, nil, leaseT0)
-			for i := range n {
-				ls.Spend(bs, 1, leaseT0+int64(i*10/n), 0, true)
-			}
-			return ls
-		}
-		if a := spent(10).Asks(&b, nil, leaseT0+10, 0)[0]; a.Held != whole(90) {
-			t.Fatalf("no round trip known: Held %d, want %d", a.Held, whole(90))
-		}
-		// 10 calls in 10 ms, read over the 70 ms round trip: 10 tokens
-		// in it, 80 left when the grant lands.
-		if a := spent(10).Asks(&b, nil, leaseT0+10, 70)[0]; a.Held != whole(90)-int64(a.Own*70) || a.Held < whole(79) || a.Held > whole(80) {
-			t.Fatalf("10 calls in 10 ms, 70 ms away: %+v, want Held 90 tokens less 70 ms of Own, about 80", a)
-		}
-		if a := spent(90).Asks(&b, nil, leaseT0+10, 70)[0]; a.Held != 0 {
-			t.Fatalf("90 calls in 10 ms, 70 ms away: %+v, want Held 0", a)
-		}
-	})
-
 	t.Run("the calls a dry lease turned away", func(t *testing.T) {
 		// The same calls at the same times, paid by one lease and
 		// turned away by the other: only their unmet need differs.
@@ -1609,8 +1582,7 @@ func simulateLeases(t *testing.T, seed uint64, steps int) {
 		case op < 92:
 			b := on(randKey())
 			h := m.hold(b)
-			rtt := r.Int64N(100)
-			asks := ls.Asks(&b, randView(b, now), now, rtt)
+			asks := ls.Asks(&b, randView(b, now), now, r.Int64N(100))
 			log = append(log, fmt.Sprintf("%d: Asks(%s)", now-leaseT0, b.Key))
 			if (asks == nil) != (h == nil) {
 				fail(step, "Asks(%s) = %+v, the model expects a lease %v", b.Key, asks, h != nil)
@@ -1620,11 +1592,8 @@ func simulateLeases(t *testing.T, seed uint64, steps int) {
 				if h.grantedAt > 0 && now-h.grantedAt < testHorizon/2 {
 					grow = h.granted[j]
 				}
-				// Held is what will be left when the grant lands: what
-				// the lease holds less a round trip of the demand.
-				held := max(h.tokens[j]-int64(a.Own*float64(rtt)), 0)
-				if a.Held != held || a.Grow != grow || !(a.Own >= 0) || !(a.Fleet >= 0) || math.IsInf(a.Own, 0) {
-					fail(step, "Asks(%s)[%d] = %+v, the model holds %d (%d after a round trip) and grows %d", b.Key, j, a, h.tokens[j], held, grow)
+				if a.Held != h.tokens[j] || a.Grow != grow || !(a.Own >= 0) || !(a.Fleet >= 0) || math.IsInf(a.Own, 0) {
+					fail(step, "Asks(%s)[%d] = %+v, the model holds %d and grows %d", b.Key, j, a, h.tokens[j], grow)
 				}
 			}
 		case op < 96:

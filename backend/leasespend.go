@@ -47,14 +47,7 @@ func (ls *Leases[K]) Asks(b *LeaseBucket[K], view BucketView, now, rtt int64) []
 		if h.dryAt > 0 {
 			own = max(own, float64(h.unmet[i])/float64(max(now-h.dryAt, unmetWindow)))
 		}
-		// What the lease will hold when the grant lands, a round trip
-		// from now at this demand: at the limit a renewal goes out as
-		// soon as a grant is in, and sized on what is held at that
-		// moment (all of it, to be spent within the round trip) it
-		// would bring nothing, and the next grant would wait a round
-		// trip more.
-		held := max(h.tokens[i]-int64(own*float64(max(rtt, 0))), 0)
-		asks[i] = lease.Ask{Own: own, Fleet: h.fleet[i].Arriving(now, tau, window), Held: held, RTT: rtt}
+		asks[i] = lease.Ask{Own: own, Fleet: h.fleet[i].Arriving(now, tau, window), Held: h.tokens[i], RTT: rtt}
 		if fast {
 			asks[i].Grow = h.granted[i]
 		}

@@ -55,8 +55,7 @@ type Ask struct {
 	// included (a Fleet below Own counts as Own).
 	Own, Fleet float64
 	// Avail is what the bucket holds after the decision the lease is
-	// taken with; Held what the lease will still hold when the grant
-	// lands.
+	// taken with; Held what the lease still holds.
 	Avail, Held int64
 	// Grow is the size of the last grant when it was spent faster than
 	// planned (renewed within half a Horizon of being granted), else 0:
