@@ -33,7 +33,8 @@ func newSharesCommand() *cobra.Command {
 		Use:   "shares",
 		Short: "Print how the limits of global rules are shared between regions now",
 		Long: `Print, for every global key any region was asked for in the last sync
-window (or the one --entity and --resource name), each region's base, the
+window whose usage every replica has written (or the one --entity and
+--resource name), each region's base, the
 share of the limit it holds in the window under way by its own record, and
 what it was asked for in the last window: all as percentages of the
 limit's rate. It reads every region's store as a sync does (the same

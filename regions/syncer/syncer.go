@@ -448,9 +448,19 @@ func (s *Sync) Run(ctx context.Context, done func(Round)) {
 // was asked for it over that slot and what each holds of it in the slot
 // under way, by its own record. It is what an operator looks at
 // (`sluice shares`); unread lists what could not be read.
+//
+// The last slot is the last one whose usage every replica has written:
+// before the first round of a slot (Starts), the one before the slot
+// just ended. A survey just after a boundary would otherwise find the
+// ended slot's usage partly written, or not at all, and list nothing.
 func (s *Sync) Survey(ctx context.Context, keys []regions.Key) (rows []KeyRound, unread []error) {
-	m := s.Clock.At(s.Now())
-	used, unread := s.usage(ctx, m-1, nil)
+	now := s.Now()
+	m := s.Clock.At(now)
+	last := m - 1
+	if now < s.Clock.Start(m)+s.Starts()[0] {
+		last--
+	}
+	used, unread := s.usage(ctx, last, nil)
 	if len(keys) == 0 {
 		keys = usedKeys(used)
 	}
