@@ -293,13 +293,13 @@ type target struct {
 	credit   []int64
 	since    []int64
 	lostBack []int64
-	// raced: a write of this decision lost its race. Its retry credits
-	// nothing from a time at its room that the item does not keep: the
-	// proof of that time is the item's clock and room, which every other
-	// writer moves, and a retry planned on them would lose again for as
-	// long as others write, holding the report (and the tokens it
-	// frees) back.
-	raced bool
+	// lostRace: a write of this decision lost its race. Its retry
+	// credits nothing from a time at its room that the item does not
+	// keep: the proof of that time is the item's clock and room, which
+	// every other writer moves, and a retry planned on them would lose
+	// again for as long as others write, holding the report (and the
+	// tokens it frees) back.
+	lostRace bool
 
 	mode   writeMode
 	base   []bucket.State // states before the decision, per res.Limits

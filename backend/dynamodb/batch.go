@@ -102,6 +102,9 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 		return
 	}
 	fold, mayGrant := b.leasePlan(ts, batch)
+	for i := range ts {
+		ts[i].lostRace = false
+	}
 	live := make([]*call, 0, len(batch))
 	for attempt := 1; ; attempt++ {
 		live = live[:0]
@@ -109,9 +112,7 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 			if c.done {
 				continue
 			}
-			if err := c.ctx.Err(); err != nil {
-				c.err = fmt.Errorf("bucket %q/%q: %w", c.req.Entity, c.req.Resource, err)
-				c.finish()
+			if c.gone() {
 				continue
 			}
 			live = append(live, c)
@@ -172,7 +173,7 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 		b.stats.ConditionRetries.Add(1)
 		for i := range ts {
 			b.raced.Add(ts[i].key, now)
-			ts[i].raced = true
+			ts[i].lostRace = true
 		}
 		if unsure(ts, live) {
 			b.unfold(ts, fold, true)
@@ -253,11 +254,9 @@ func (b *Backend) payFromLease(ts []target, batch []*call) bool {
 		if c.done {
 			continue
 		}
-		if err := c.ctx.Err(); err != nil && c.kind == decide {
-			// Its caller is gone or going: a write for it would only
-			// hold the lane a round trip for an answer nobody reads.
-			c.err = fmt.Errorf("bucket %q/%q: %w", c.req.Entity, c.req.Resource, err)
-			c.finish()
+		if c.kind == decide && c.gone() {
+			// A write for it would only hold the lane a round trip for
+			// an answer nobody reads.
 			continue
 		}
 		if c.kind != decide || c.req.Refund || c.req.Bulk {
@@ -291,7 +290,6 @@ func (b *Backend) leasePlan(ts []target, batch []*call) (fold, mayGrant bool) {
 	for i := range ts {
 		ts[i].lease, ts[i].grant, ts[i].keep, ts[i].kept = nil, nil, nil, nil
 		ts[i].rep, ts[i].reporting, ts[i].leaseW = backend.LeaseReport{}, false, 0
-		ts[i].raced = false
 	}
 	if b.leases == nil {
 		return false, false
@@ -737,7 +735,7 @@ func (t *target) pool(now int64) []bucket.State {
 	t.credit, t.lostBack, t.since = make([]int64, n), make([]int64, n), make([]int64, n)
 	for j, l := range t.res.Limits {
 		s := bucket.Refill(l, states[j], now)
-		if s.AtRoomSince != 0 && t.base[j].AtRoomSince == 0 && (t.raced || t.base[j].Tokens >= bucket.Room(l, t.base[j])) {
+		if s.AtRoomSince != 0 && t.base[j].AtRoomSince == 0 && (t.lostRace || t.base[j].Tokens >= bucket.Room(l, t.base[j])) {
 			// At its room, and the item does not say since when
 			// (fieldAtRoom, which every write that leaves it there
 			// sets): from this write on.

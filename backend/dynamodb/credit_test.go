@@ -3,7 +3,6 @@ package dynamodb
 import (
 	"context"
 	"errors"
-
 	"testing"
 
 	"github.com/sluice-rl/sluice/backend"
@@ -33,7 +32,7 @@ func TestRetryCreditsNoTimeTheItemDoesNotKeep(t *testing.T) {
 			reporting: true,
 			rep:       backend.LeaseReport{Window: 7, Out: []int64{300_000}, First: now - 150},
 			keep:      []int64{100_000},
-			raced:     raced,
+			lostRace:  raced,
 		}
 		t.pool(now)
 		return t

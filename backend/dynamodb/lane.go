@@ -3,6 +3,7 @@ package dynamodb
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -126,6 +127,19 @@ func (c *call) deny() {
 			r.Wait = bucket.Never
 		}
 	}
+}
+
+// gone reports whether c's caller has stopped waiting or is about to
+// (its context ended), and if so answers c with that error: a batch
+// passes over such a call.
+func (c *call) gone() bool {
+	err := c.ctx.Err()
+	if err == nil {
+		return false
+	}
+	c.err = fmt.Errorf("bucket %q/%q: %w", c.req.Entity, c.req.Resource, err)
+	c.finish()
+	return true
 }
 
 // abandon is the caller's side of the hand-shake: it stops waiting for
