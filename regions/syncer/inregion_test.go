@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,6 +54,7 @@ func TestRegionsDecideInRegion(t *testing.T) {
 	time.Sleep(time.Until(time.UnixMilli(c.clock.Start(first))))
 	w.start = time.Now()
 	ctx, stop := context.WithCancel(context.Background())
+	stalls := probeStalls(ctx, w.start, c.end*win)
 	wg := w.load(ctx)
 	time.Sleep(time.Until(w.start.Add(time.Duration(c.shift*win) * tick)))
 	w.setDemand(total, map[regions.Region]float64{"us-east-1": 0.05, "eu-west-1": 0.15, "ap-south-1": 0.80})
@@ -74,6 +76,8 @@ func TestRegionsDecideInRegion(t *testing.T) {
 			byWindow = append(byWindow, fmt.Sprintf("%.0f", float64(r.lat.quantileOf(0.99, in).Microseconds())/1000))
 		}
 		t.Logf("%s: p99 in ms, window by window: %s", name, strings.Join(byWindow, " "))
+		slow := r.lat.slowOf(20*time.Millisecond, afterWarm)
+		t.Logf("%s: decisions of 20 ms or more after the warm-up: %d admitted, %d denied, %d failed", name, slow[wasAdmitted], slow[wasDenied], slow[wasFailed])
 		if c.gateAB {
 			// Windows of even slots had the gates; the world starts at
 			// slot first.
@@ -90,6 +94,15 @@ func TestRegionsDecideInRegion(t *testing.T) {
 			t.Errorf("%s: p99 %v after the warm-up, want at most %v", name, p99, *inRegionP99)
 		}
 	}
+	var late []string
+	for from := 0; from < c.end*win; from += win {
+		var worst time.Duration
+		for n := from; n < from+win; n++ {
+			worst = max(worst, time.Duration(stalls[n].Load()))
+		}
+		late = append(late, fmt.Sprintf("%.0f", float64(worst.Microseconds())/1000))
+	}
+	t.Logf("the test process's 2 ms sleeps, latest wake-up in ms, window by window: %s", strings.Join(late, " "))
 	all := w.sum(0, c.end*win, admitted)
 	burst := float64(w.limit.Burst) / bucket.Milli
 	run := time.Duration(c.end*win)*tick + c.deadline
@@ -97,4 +110,25 @@ func TestRegionsDecideInRegion(t *testing.T) {
 		t.Errorf("the run: %d admitted, over B + R*T + 3 = %.0f", all, allowed)
 	}
 	t.Logf("admitted %d over %v: %.3f of B + R*T", all, run, float64(all)/(burst+w.rate*run.Seconds()))
+}
+
+// probeStalls sleeps 2 ms at a time until ctx ends and keeps, for each
+// tick of the run started at start, how late (ns) its latest wake-up
+// was: a decision takes at least as long as the process cannot run.
+func probeStalls(ctx context.Context, start time.Time, ticks int) []atomic.Int64 {
+	late := make([]atomic.Int64, ticks+1)
+	go func() {
+		for ctx.Err() == nil {
+			before := time.Now()
+			time.Sleep(2 * time.Millisecond)
+			n := min(int(before.Sub(start)/tick), ticks)
+			if n < 0 {
+				continue
+			}
+			if d := int64(time.Since(before) - 2*time.Millisecond); d > late[n].Load() {
+				late[n].Store(d)
+			}
+		}
+	}()
+	return late
 }

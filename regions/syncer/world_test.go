@@ -89,12 +89,35 @@ type latencies struct {
 	mu   sync.Mutex
 	d    []time.Duration
 	tick []int
+	kind []outcome
 }
 
-func (l *latencies) add(n int, d time.Duration) {
+// outcome is how a decision ended.
+type outcome uint8
+
+const (
+	wasAdmitted outcome = iota
+	wasDenied
+	wasFailed
+)
+
+func (l *latencies) add(n int, d time.Duration, o outcome) {
 	l.mu.Lock()
-	l.d, l.tick = append(l.d, d), append(l.tick, n)
+	l.d, l.tick, l.kind = append(l.d, d), append(l.tick, n), append(l.kind, o)
 	l.mu.Unlock()
+}
+
+// slowOf counts the decisions of at least d whose tick keep keeps, by
+// how they ended.
+func (l *latencies) slowOf(d time.Duration, keep func(tick int) bool) (by [3]int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, x := range l.d {
+		if x >= d && keep(l.tick[i]) {
+			by[l.kind[i]]++
+		}
+	}
+	return by
 }
 
 func (l *latencies) quantile(q float64) time.Duration {
@@ -328,7 +351,14 @@ func (w *world) load(ctx context.Context) *sync.WaitGroup {
 						Defaults: []bucket.Limit{w.limit}, Hits: 1, Global: true})
 					cancel()
 					took := time.Since(began)
-					r.lat.add(n, took)
+					o := wasDenied
+					switch {
+					case err != nil && ctx.Err() == nil:
+						o = wasFailed
+					case err == nil && d.Allowed:
+						o = wasAdmitted
+					}
+					r.lat.add(n, took, o)
 					if took >= 50*time.Millisecond {
 						r.slow.Add(1)
 					}
