@@ -117,8 +117,8 @@ func TestLeasesSpendPaysWhileTheLeaseCovers(t *testing.T) {
 			[]bool{true, true, true, false}, []int64{0}},
 		{"a call bigger than what is left is not paid, and takes nothing", []bucket.Limit{rpm}, []int64{whole(3)}, []uint64{2, 2, 1},
 			[]bool{true, false, true}, []int64{0}},
-		{"a check costs nothing", []bucket.Limit{rpm}, []int64{whole(1)}, []uint64{0, 0, 1, 0},
-			[]bool{true, true, true, true}, []int64{0}},
+		{"a check costs nothing, and needs a token", []bucket.Limit{rpm}, []int64{whole(1)}, []uint64{0, 0, 1, 0},
+			[]bool{true, true, true, false}, []int64{0}},
 		{"a per-request limit costs one token whatever the hits", []bucket.Limit{perRequestLimit(rpm)}, []int64{whole(2)}, []uint64{50, 7, 1},
 			[]bool{true, true, false}, []int64{0}},
 		{"every limit must cover the call", []bucket.Limit{perRequestLimit(rpm), tpm}, []int64{whole(5), whole(10)}, []uint64{4, 4, 4, 2},
@@ -1183,7 +1183,7 @@ func (m *simModel) spend(bs []LeaseBucket[string], hits uint64, now int64, arriv
 		h := hs[i]
 		ok := h.matches(b) && now < h.expires
 		for j, l := range b.Res.Limits {
-			ok = ok && h.tokens[j] >= bucket.Cost(l, hits)
+			ok = ok && h.tokens[j] >= max(bucket.Cost(l, hits), 1)
 		}
 		if !ok {
 			if arriving {

@@ -224,7 +224,7 @@ func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mod
 		h := hs[i]
 		ok := h.matches(bs[i].Res, bs[i].FP) && now < h.expires
 		for j, l := range bs[i].Res.Limits {
-			ok = ok && h.tokens[j] >= bucket.Cost(l, hits)
+			ok = ok && h.tokens[j] >= max(bucket.Cost(l, hits), 1) // a check too needs a token: at zero a limit denies it
 		}
 		if !ok {
 			switch mode {

@@ -10,8 +10,10 @@ import (
 // The zero State is an empty bucket whose clock stands at the epoch; use
 // Full for a bucket that has never been seen.
 type State struct {
-	// Tokens held, in millitokens. 0 <= Tokens <= Burst after any function
-	// of this package has touched the state.
+	// Tokens held, in millitokens: Floor <= Tokens <= Burst after any
+	// function of this package has touched the state. Below zero only
+	// after a charge of tokens already used (Charge): the limit is in
+	// debt, and refill repays it first.
 	Tokens int64
 	// Clock is the time (epoch milliseconds) up to which refill has been
 	// credited. It only moves by the time that was actually turned into
@@ -95,9 +97,6 @@ func Refill(l Limit, s State, now int64) State {
 		return s
 	}
 	s.AtRoomSince = 0
-	if s.Tokens < 0 {
-		s.Tokens = 0
-	}
 	if s.Clock > now {
 		// Another writer's clock ran ahead of ours; credit nothing rather
 		// than move the clock backwards.
@@ -173,12 +172,13 @@ func Wait(l Limit, s State, need, now int64) int64 {
 
 // Claim is the least refill, in whole steps from s.Clock, with which s
 // pays cost: the time the steps take (ms) and the tokens they add
-// (millitokens); 0, 0 when the tokens s holds pay already. A writer that
+// (millitokens); 0, 0 when the tokens s holds pay already. A debt is
+// repaid first. A writer that
 // moves the clock by just that much and leaves the rest of the refill
 // pending loses nothing (refill is exact in whole steps) and claims only
 // the time it needs, so that others can claim the rest.
 func Claim(l Limit, s State, cost int64) (ms, tokens int64) {
-	deficit := cost - max(s.Tokens, 0)
+	deficit := cost - s.Tokens
 	if deficit <= 0 || l.Amount == 0 {
 		return 0, 0
 	}

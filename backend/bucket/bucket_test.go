@@ -166,8 +166,10 @@ func TestZeroRateDeniesEverythingThatCosts(t *testing.T) {
 	if res[0].Wait != Never {
 		t.Fatalf("zero rate wait %d, want Never", res[0].Wait)
 	}
-	if !Decide([]Limit{l}, st, 0, Year, res) {
-		t.Fatal("zero rate denied a zero-cost check")
+	// Holding nothing, it denies a check too: the request checked
+	// would be denied (at or below zero a limit denies checks).
+	if Decide([]Limit{l}, st, 0, Year, res) || res[0].Wait != Never {
+		t.Fatalf("zero rate allowed a zero-cost check (wait %d)", res[0].Wait)
 	}
 	if TimeToFill(l) != 0 {
 		t.Fatal("an empty burst is full at once")
@@ -292,6 +294,11 @@ func TestParseLimit(t *testing.T) {
 		{in: "r=20/min:cost=request", want: Limit{Name: "r", Amount: 20_000, Period: Minute, Burst: 20_000, PerRequest: true}},
 		{in: "v1.chat=5/10s:burst=0", want: Limit{Name: "v1.chat", Amount: 5000, Period: 10 * Second, Burst: 0}},
 		{in: "blocked=0/s", want: Limit{Name: "blocked", Amount: 0, Period: Second, Burst: 0}},
+		{in: "tpm=40000/min:debt=0", want: Limit{Name: "tpm", Amount: 40_000_000, Period: Minute, Burst: 40_000_000, Debt: NoDebt}},
+		{in: "tpm=40000/min:debt=20000", want: Limit{Name: "tpm", Amount: 40_000_000, Period: Minute, Burst: 40_000_000, Debt: 20_000_000}},
+		{in: "tpm=40000/min:debt=-1", bad: true},
+		{in: "tpm=40000/min:debt=1099511627777", bad: true},
+		{in: "tpm=40000/min:debt=lots", bad: true},
 		{in: "rpm", bad: true},
 		{in: "=100/min", bad: true},
 		{in: "rpm=", bad: true},
@@ -333,6 +340,12 @@ func TestPropertyLimitStringRoundTrips(t *testing.T) {
 		l.Burst = l.Amount
 		if r.IntN(2) == 0 {
 			l.Burst = r.Int64N(2_000_000) * Milli
+		}
+		switch r.IntN(3) {
+		case 0:
+			l.Debt = NoDebt
+		case 1:
+			l.Debt = (1 + r.Int64N(2_000_000)) * Milli
 		}
 		back, err := ParseLimit(l.String())
 		if err != nil || back != l {

@@ -20,19 +20,16 @@ type Result struct {
 
 // Decide refills every limit to now and admits the request of hits only if
 // every limit has the tokens it costs; then it consumes from every limit.
-// A denied request consumes nothing. states is updated in place (refill is
-// applied either way, which changes no future decision) and results, which
-// must have the length of limits, receives one Result per limit. A store
-// that persists states may skip the write when Decide returns false.
+// A denied request consumes nothing. A limit at or below zero (in debt
+// after a Charge, or empty) denies even a check of zero hits: the next
+// request would be denied, and a gateway that checks before it forwards
+// and charges after the response must stop forwarding. states is updated
+// in place (refill is applied either way, which changes no future
+// decision) and results, which must have the length of limits, receives
+// one Result per limit. A store that persists states may skip the write
+// when Decide returns false.
 func Decide(limits []Limit, states []State, hits uint64, now int64, results []Result) bool {
-	allowed := true
-	for i, l := range limits {
-		states[i] = Refill(l, states[i], now)
-		c := Cost(l, hits)
-		ok := states[i].Tokens >= c
-		results[i] = Result{Cost: c, Allowed: ok}
-		allowed = allowed && ok
-	}
+	allowed := judge(limits, states, hits, now, results)
 	for i, l := range limits {
 		r := &results[i]
 		if allowed && r.Cost > 0 {
@@ -40,14 +37,62 @@ func Decide(limits []Limit, states []State, hits uint64, now int64, results []Re
 			states[i].Consumed = satAdd(states[i].Consumed, r.Cost)
 			states[i].AtRoomSince = 0
 		}
-		r.Tokens = states[i].Tokens
-		if r.Allowed {
-			r.Wait = Wait(l, states[i], l.Burst, now)
-		} else {
-			r.Wait = Wait(l, states[i], r.Cost, now)
-		}
+		settle(l, states[i], r, now, false)
 	}
 	return allowed
+}
+
+// Charge counts hits already used (tokens a response reported when it
+// ended): unlike Decide it consumes from every limit whatever the limit
+// holds, down to its Floor, the debt refill repays before the limit
+// admits anything again. What the floor cuts off is not taken from the
+// tokens but still counts in Consumed, which is what was used. It reports
+// whether every limit held the tokens (what Decide would have answered),
+// and fills results as Decide does; a limit left at or below zero waits
+// until it is above zero again.
+func Charge(limits []Limit, states []State, hits uint64, now int64, results []Result) bool {
+	allowed := judge(limits, states, hits, now, results)
+	for i, l := range limits {
+		r := &results[i]
+		if r.Cost > 0 {
+			s := &states[i]
+			s.Tokens = max(s.Tokens-r.Cost, min(Floor(l), s.Tokens))
+			s.Consumed = satAdd(s.Consumed, r.Cost)
+			s.AtRoomSince = 0
+		}
+		settle(l, states[i], r, now, true)
+	}
+	return allowed
+}
+
+// judge refills every limit of states to now and records in results what
+// hits cost each and whether it holds that much (and more than zero).
+func judge(limits []Limit, states []State, hits uint64, now int64, results []Result) bool {
+	allowed := true
+	for i, l := range limits {
+		states[i] = Refill(l, states[i], now)
+		c := Cost(l, hits)
+		ok := states[i].Tokens >= c && states[i].Tokens > 0
+		results[i] = Result{Cost: c, Allowed: ok}
+		allowed = allowed && ok
+	}
+	return allowed
+}
+
+// settle fills in r's tokens left and wait from s after a decision: for a
+// denied limit, until it can pay (above zero, for a check); after a
+// charge, until the limit is above zero again; otherwise until it is
+// full.
+func settle(l Limit, s State, r *Result, now int64, charged bool) {
+	r.Tokens = s.Tokens
+	switch {
+	case !r.Allowed && !charged:
+		r.Wait = Wait(l, s, max(r.Cost, 1), now)
+	case charged && s.Tokens <= 0:
+		r.Wait = Wait(l, s, 1, now)
+	default:
+		r.Wait = Wait(l, s, l.Burst, now)
+	}
 }
 
 // Refund gives hits back to every limit (an is_negative_hits request),
@@ -128,8 +173,10 @@ func satAdd(a, b int64) int64 {
 // (raised, lowered, added or removed), matching limits by name. A kept
 // limit is refilled at its old rate up to now, then capped at its new
 // Room (its leases stay out: the tokens they hold were taken under the
-// old limits and may still be spent); a new limit starts full; a removed
-// limit is dropped, and its leases with it.
+// old limits and may still be spent) and its debt at its new Floor (what
+// was used stays used; a debt the new limit does not allow is forgiven);
+// a new limit starts full; a removed limit is dropped, and its leases
+// with it.
 func Reconcile(old []Limit, states []State, limits []Limit, now int64) []State {
 	next := make([]State, len(limits))
 	for i, l := range limits {
@@ -142,6 +189,7 @@ func Reconcile(old []Limit, states []State, limits []Limit, now int64) []State {
 			if room := Room(l, s); s.Tokens >= room {
 				s.Tokens, s.Clock = room, now
 			}
+			s.Tokens = max(s.Tokens, Floor(l))
 			next[i] = s
 			break
 		}

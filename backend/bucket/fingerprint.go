@@ -35,6 +35,14 @@ func Fingerprint(limits []Limit) string {
 		} else {
 			h.Write([]byte{0})
 		}
+		if l.Debt != 0 {
+			// Only a debt other than the default enters the hash, so
+			// that buckets written before limits had one keep their
+			// fingerprint.
+			binary.BigEndian.PutUint64(buf[:], uint64(max(l.Debt, NoDebt)))
+			h.Write([]byte{'d'})
+			h.Write(buf[:])
+		}
 	}
 	return strconv.FormatUint(h.Sum64(), 36)
 }

@@ -53,6 +53,28 @@ type Limit struct {
 	// PerRequest makes every request cost one token, whatever its hits.
 	// It lets a rule count requests beside a token budget (rpm + tpm).
 	PerRequest bool
+	// Debt is how far below zero, in millitokens, a charge of tokens
+	// already used (Charge) may take the limit: refill repays it before
+	// anything is admitted again. Zero means one Burst, so that a
+	// response that used a whole burst more than was left still counts
+	// in full; NoDebt (any negative value) keeps the limit at zero or
+	// above and drops what a charge takes beyond it. See Floor.
+	Debt int64
+}
+
+// NoDebt is the Debt of a limit that never goes below zero.
+const NoDebt = int64(-1)
+
+// Floor is the fewest millitokens l may hold, zero or below: the lowest
+// a charge takes it (Limit.Debt).
+func Floor(l Limit) int64 {
+	switch {
+	case l.Debt < 0:
+		return 0
+	case l.Debt == 0:
+		return -l.Burst
+	}
+	return -l.Debt
 }
 
 // Validate reports whether l can be used for decisions.
@@ -66,6 +88,8 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("limit %q: rate amount out of range (0 to %d tokens)", l.Name, MaxTokens)
 	case l.Burst < 0 || l.Burst > MaxTokens*Milli:
 		return fmt.Errorf("limit %q: burst out of range (0 to %d tokens)", l.Name, MaxTokens)
+	case l.Debt > MaxTokens*Milli:
+		return fmt.Errorf("limit %q: debt out of range (0 to %d tokens)", l.Name, MaxTokens)
 	}
 	return nil
 }
@@ -84,17 +108,24 @@ func (l Limit) String() string {
 	if l.PerRequest {
 		b.WriteString(":cost=request")
 	}
+	switch {
+	case l.Debt < 0:
+		b.WriteString(":debt=0")
+	case l.Debt > 0:
+		b.WriteString(":debt=")
+		b.WriteString(formatMilli(l.Debt))
+	}
 	return b.String()
 }
 
 // ParseLimit reads a limit written in one word, as on a command line:
-// name=rate[:burst=N][:cost=hits|request], for example "rpm=100/min" or
-// "tpm=100000/min:burst=150000:cost=hits". The name ends at the first
-// '=', so it cannot hold one; the rest follows Spec.
+// name=rate[:burst=N][:cost=hits|request][:debt=N], for example
+// "rpm=100/min" or "tpm=100000/min:burst=150000:debt=0". The name ends at
+// the first '=', so it cannot hold one; the rest follows Spec.
 func ParseLimit(s string) (Limit, error) {
 	name, rest, ok := strings.Cut(s, "=")
 	if !ok || name == "" || rest == "" {
-		return Limit{}, fmt.Errorf("limit %q: want name=rate[:burst=N][:cost=hits|request], e.g. rpm=100/min", s)
+		return Limit{}, fmt.Errorf("limit %q: want name=rate[:burst=N][:cost=hits|request][:debt=N], e.g. rpm=100/min", s)
 	}
 	parts := strings.Split(rest, ":")
 	spec := Spec{Name: name, Rate: parts[0]}
@@ -106,16 +137,20 @@ func ParseLimit(s string) (Limit, error) {
 		}
 		seen[k] = true
 		switch k {
-		case "burst":
+		case "burst", "debt":
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
-				return Limit{}, fmt.Errorf("limit %q: burst %q is not a whole number", s, v)
+				return Limit{}, fmt.Errorf("limit %q: %s %q is not a whole number", s, k, v)
 			}
-			spec.Burst = &n
+			if k == "burst" {
+				spec.Burst = &n
+			} else {
+				spec.Debt = &n
+			}
 		case "cost":
 			spec.Cost = v
 		default:
-			return Limit{}, fmt.Errorf("limit %q: unknown option %q (want burst=N or cost=hits|request)", s, p)
+			return Limit{}, fmt.Errorf("limit %q: unknown option %q (want burst=N, cost=hits|request or debt=N)", s, p)
 		}
 	}
 	return spec.Limit()
@@ -212,16 +247,21 @@ func formatMilli(v int64) string {
 }
 
 // Spec is a limit as an operator writes it in a YAML file:
-// {name: tpm, rate: 100000/min, burst: 150000, cost: hits}.
+// {name: tpm, rate: 100000/min, burst: 150000, cost: hits, debt: 20000}.
 type Spec struct {
 	Name  string `yaml:"name" json:"name"`
 	Rate  string `yaml:"rate" json:"rate"`
 	Burst *int64 `yaml:"burst,omitempty" json:"burst,omitempty"`
 	Cost  string `yaml:"cost,omitempty" json:"cost,omitempty"`
+	// Debt is in whole tokens: how far below zero a charge after the
+	// response may take the limit; 0 keeps it at zero or above. Absent:
+	// one burst (Limit.Debt).
+	Debt *int64 `yaml:"debt,omitempty" json:"debt,omitempty"`
 }
 
 // Limit checks the spec and turns it into a Limit. The burst defaults to
-// the rate's amount; cost is "hits" (the default) or "request".
+// the rate's amount; cost is "hits" (the default) or "request"; the debt
+// defaults to one burst.
 func (s Spec) Limit() (Limit, error) {
 	if s.Name == "" {
 		return Limit{}, errors.New("limit needs a name")
@@ -236,6 +276,16 @@ func (s Spec) Limit() (Limit, error) {
 			return Limit{}, fmt.Errorf("limit %q: burst must be a whole number of tokens from 0 to %d", s.Name, MaxTokens)
 		}
 		l.Burst = *s.Burst * Milli
+	}
+	if s.Debt != nil {
+		switch d := *s.Debt; {
+		case d < 0 || d > MaxTokens:
+			return Limit{}, fmt.Errorf("limit %q: debt must be a whole number of tokens from 0 to %d", s.Name, MaxTokens)
+		case d == 0:
+			l.Debt = NoDebt
+		default:
+			l.Debt = d * Milli
+		}
 	}
 	switch s.Cost {
 	case "", "hits":

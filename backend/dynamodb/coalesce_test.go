@@ -121,7 +121,8 @@ func TestCoalescedDecisionsAreIndividuallyCorrect(t *testing.T) {
 
 // A batch decides its calls in arrival order, each against what the ones
 // before it left: with 10 tokens, 4 + 4 pass, 4 does not, 2 does, and a
-// check (0 hits) sees what is left without taking it.
+// check (0 hits) sees what is left without taking it: nothing, so it is
+// denied (at zero a limit denies checks too).
 func TestCoalescedBatchDecidesInOrder(t *testing.T) {
 	e := newEnv(t)
 	// Each write takes half a second: the five calls queue behind the
@@ -161,7 +162,7 @@ func TestCoalescedBatchDecidesInOrder(t *testing.T) {
 	want := []struct {
 		allowed bool
 		left    int64
-	}{{true, 10}, {true, 6}, {true, 2}, {false, 2}, {true, 0}, {true, 0}}
+	}{{true, 10}, {true, 6}, {true, 2}, {false, 2}, {true, 0}, {false, 0}}
 	for i, w := range want {
 		d := out[i]
 		if d.Allowed != w.allowed || d.Results[0].Tokens != w.left*bucket.Milli {

@@ -99,7 +99,6 @@ local function refill(dt, da, burst, tk, rf, now)
     if rf > now then return burst, rf end
     return burst, now
   end
-  if tk < 0 then tk = 0 end
   if rf > now or da == 0 then return tk, rf end
   local steps = fdiv(now - rf, dt)
   if steps >= cdiv(burst - tk, da) then return burst, now end
@@ -356,8 +355,9 @@ local function group(now, width, layouts, at, key)
           end
         end
       end
+      -- At or below zero a limit denies even a check (bucket.Decide).
       for j = 1, n do
-        if tks[j] < num(ARGV[at + j]) then allowed = false; break end
+        if tks[j] < num(ARGV[at + j]) or tks[j] <= 0 then allowed = false; break end
       end
       if allowed then
         for j = 1, n do
