@@ -119,7 +119,7 @@ var ErrAppliedChanged = errors.New("another apply changed the stored limits mean
 //   - the bucket names its entity, resource and limits fingerprint;
 //   - every limit has a positive refill period and no negative amount or
 //     burst;
-//   - tokens lie within [0, burst];
+//   - tokens lie within [floor, burst] (below zero only in debt);
 //   - the refill clock is set and not in the future;
 //   - the consumed total is not negative.
 func (b Bucket) Violations(nowMs int64, skew time.Duration) []string {
@@ -141,8 +141,8 @@ func (b Bucket) Violations(nowMs int64, skew time.Duration) []string {
 		switch {
 		case l.Period <= 0 || l.Amount < 0 || l.Burst < 0:
 			bad("limit %q: rate %d per %d ms, burst %d", l.Name, l.Amount, l.Period, l.Burst)
-		case s.Tokens < 0 || s.Tokens > l.Burst:
-			bad("limit %q: %d millitokens, outside [0, burst %d]", l.Name, s.Tokens, l.Burst)
+		case s.Tokens < bucket.Floor(l) || s.Tokens > l.Burst:
+			bad("limit %q: %d millitokens, outside [floor %d, burst %d]", l.Name, s.Tokens, bucket.Floor(l), l.Burst)
 		}
 		switch {
 		case s.Clock <= 0:

@@ -44,6 +44,12 @@ type Request struct {
 	Hits uint64
 	// Refund gives Hits back instead of taking them.
 	Refund bool
+	// Charge marks Hits already used (the tokens a response reported
+	// when it ended): they are taken whatever the limits hold, into debt
+	// down to each limit's floor (bucket.Charge), and refill repays the
+	// debt before anything is admitted again. The decision still says
+	// whether the limits held them. Ignored with Refund.
+	Charge bool
 	// Global marks the limits of a rule marked global: the backend
 	// enforces its region's part of them (Global).
 	Global bool
@@ -87,9 +93,12 @@ func NotLimited() Decision { return Decision{Allowed: true, Binding: -1} }
 // one Result per limit.
 func Apply(req *Request, limits []bucket.Limit, states []bucket.State, now int64) ([]bucket.Result, bool) {
 	results := make([]bucket.Result, len(limits))
-	if req.Refund {
+	switch {
+	case req.Refund:
 		bucket.Refund(limits, states, req.Hits, now, results)
 		return results, true
+	case req.Charge:
+		return results, bucket.Charge(limits, states, req.Hits, now, results)
 	}
 	return results, bucket.Decide(limits, states, req.Hits, now, results)
 }

@@ -136,9 +136,9 @@ func hasLimit(r *Rule, name string) bool {
 	return false
 }
 
-// limit parses one entry of `limits`: {name, rate, burst, cost}.
+// limit parses one entry of `limits`: {name, rate, burst, cost, debt}.
 func (p *fileParser) limit(n *yaml.Node) (bucket.Limit, bool) {
-	g := p.fields(n, "limits entry", "name", "rate", "burst", "cost")
+	g := p.fields(n, "limits entry", "name", "rate", "burst", "cost", "debt")
 	var l bucket.Limit
 	nf, ok := g["name"]
 	if !ok {
@@ -175,6 +175,18 @@ func (p *fileParser) limit(n *yaml.Node) (bucket.Limit, bool) {
 			return l, false
 		}
 		l.Burst = burst * bucket.Milli
+	}
+	if df, ok := g["debt"]; ok {
+		var debt int64
+		if df.val.Kind != yaml.ScalarNode || df.val.ShortTag() != "!!int" || df.val.Decode(&debt) != nil ||
+			debt < 0 || debt > bucket.MaxTokens {
+			p.errorf(df.val.Line, "limit %q: debt: want a whole number of tokens from 0 to %d, got %s", l.Name, bucket.MaxTokens, kindName(df.val))
+			return l, false
+		}
+		l.Debt = debt * bucket.Milli
+		if debt == 0 {
+			l.Debt = bucket.NoDebt
+		}
 	}
 	if cf, ok := g["cost"]; ok {
 		cost, ok := p.str(cf.val, "limits.cost")

@@ -160,7 +160,7 @@ func (p *fileParser) node(n *yaml.Node, parent *Rule, parentKeys []string, lvl l
 		// envoyproxy/ratelimit's keys, then Sluice's.
 		"key", "value", "rate_limit", "descriptors", "shadow_mode", "detailed_metric", "share_threshold",
 		"quota_mode", "value_to_metric", "metadata",
-		"limits", "entity", "resource", "parent", "global")
+		"limits", "entity", "resource", "parent", "global", "charges")
 	key, ok := p.requiredString(n, f, "key", "descriptor")
 	if !ok {
 		return
@@ -191,6 +191,13 @@ func (p *fileParser) node(n *yaml.Node, parent *Rule, parentKeys []string, lvl l
 	r.ShadowMode = p.boolField(f, "shadow_mode")
 	r.QuotaMode = p.boolField(f, "quota_mode")
 	r.Global = p.boolField(f, "global")
+	if cf, ok := f["charges"]; ok {
+		if v, ok := p.str(cf.val, "charges"); ok {
+			if r.Charges, ok = parseCharges(v); !ok {
+				p.errorf(cf.val.Line, "charges: want own_hits, always or never, got %q", v)
+			}
+		}
+	}
 	r.DetailedMetric = p.boolField(f, "detailed_metric")
 	r.ValueToMetric = p.boolField(f, "value_to_metric")
 	if mf, ok := f["metadata"]; ok && mf.val.ShortTag() != "!!null" && p.isMapping(mf.val, "metadata") {

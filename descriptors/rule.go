@@ -51,6 +51,9 @@ type Rule struct {
 	// Replaces lists the rule names (rate_limit.replaces) this rule removes
 	// from the request when both match.
 	Replaces []string
+	// Charges (charges) says which calls on the rule's limits are charges
+	// of tokens already used, which land whatever the limits hold.
+	Charges Charges
 
 	key      string
 	value    string // as written; "" for a bare node
@@ -93,4 +96,52 @@ func (r *Rule) ReportedName(limitName string) string {
 		return ""
 	}
 	return limitName
+}
+
+// Charges says which calls on a rule's limits count tokens already used
+// (a response's, reported when it ended), which land whatever the limits
+// hold and may put them into debt (backend.Request.Charge), rather than
+// ask for tokens, which a limit that cannot pay denies and takes nothing
+// for. Envoy sends no flag: a gateway that charges after the response
+// (Envoy Gateway's cost.response, Envoy AI Gateway, agentgateway) sends
+// the tokens as the descriptor's own hits_addend, which a request
+// otherwise rarely carries.
+//
+// The zero Charges is ChargesOwnHits.
+type Charges uint8
+
+const (
+	// ChargesOwnHits: a descriptor that carries its own hits_addend above
+	// zero is a charge; one without (a plain request: one hit, or the
+	// request's hits_addend) asks, so that a flood of requests at an
+	// exhausted limit takes nothing. The default, for rule files in
+	// envoyproxy/ratelimit's format and rules over xDS too.
+	ChargesOwnHits Charges = iota
+	// ChargesAlways: every call with hits is a charge, as
+	// envoyproxy/ratelimit counts them (a denied request counts too).
+	ChargesAlways
+	// ChargesNever: no call is a charge; one that does not fit is denied
+	// and takes nothing.
+	ChargesNever
+)
+
+// String is the rule-file spelling of c.
+func (c Charges) String() string {
+	switch c {
+	case ChargesAlways:
+		return "always"
+	case ChargesNever:
+		return "never"
+	}
+	return "own_hits"
+}
+
+// parseCharges reads the rule-file spelling of a Charges.
+func parseCharges(s string) (Charges, bool) {
+	for _, c := range []Charges{ChargesOwnHits, ChargesAlways, ChargesNever} {
+		if c.String() == s {
+			return c, true
+		}
+	}
+	return 0, false
 }

@@ -232,6 +232,15 @@ func (s *Service) backendContext(ctx context.Context) (context.Context, context.
 // backend's work; ctx is the call's own (traces, metrics).
 func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRequest, d *rlv3.RateLimitDescriptor, m descriptors.Match, st *rlsv3.RateLimitResponse_DescriptorStatus) error {
 	weight := hits(req, d)
+	charge := isCharge(m.Rule.Charges, d, weight)
+	if charge {
+		// What a charge counts was used already, and Envoy ignores the
+		// answer to a call at stream end: it is written even after
+		// Envoy's deadline has passed, within a deadline of its own.
+		var cancel context.CancelFunc
+		backendCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), ChargeTimeout)
+		defer cancel()
+	}
 	dec, err := s.backend.Decide(backendCtx, &backend.Request{
 		Entity:   m.Entity,
 		Resource: m.Resource,
@@ -240,6 +249,7 @@ func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRe
 		Global:   m.Rule.Global,
 		Hits:     weight,
 		Refund:   d.GetIsNegativeHits(),
+		Charge:   charge,
 	})
 	outcome := OutcomeOK
 	if err != nil {
@@ -297,6 +307,27 @@ func (s *Service) onBackendError(ctx context.Context, domain string, m descripto
 	// The kind, not the message: the status message ends up in Envoy's
 	// logs and in the call's trace span.
 	return status.Errorf(codes.Unavailable, "rate-limit backend failed: %s", kind)
+}
+
+// ChargeTimeout bounds the backend's work on a charge (isCharge), which
+// does not end with the caller's deadline.
+const ChargeTimeout = 2 * time.Second
+
+// isCharge reports whether descriptor d, of weight hits, charges tokens
+// already used under rule c (descriptors.Charges): by default, when it
+// carries its own hits_addend above zero, as the gateways that charge at
+// stream end send it.
+func isCharge(c descriptors.Charges, d *rlv3.RateLimitDescriptor, hits uint64) bool {
+	if hits == 0 || d.GetIsNegativeHits() {
+		return false
+	}
+	switch c {
+	case descriptors.ChargesAlways:
+		return true
+	case descriptors.ChargesNever:
+		return false
+	}
+	return d.GetHitsAddend() != nil
 }
 
 // hits is the weight of descriptor d: its own hits_addend when set (zero

@@ -49,6 +49,10 @@ descriptors:
     limits:
       - {name: rpm, rate: 10/min, cost: request}
       - {name: tpm, rate: 1000/min}
+  - key: asks
+    charges: never
+    limits:
+      - {name: tpm, rate: 200/min}
   - key: blocked
     rate_limit: {unit: second, requests_per_unit: 0}
   - key: anon
@@ -210,22 +214,39 @@ func TestHitsRules(t *testing.T) {
 	if resp.Statuses[0].LimitRemaining != 400 || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK {
 		t.Errorf("check-only call: %+v", resp.Statuses[0])
 	}
+	// A descriptor's own hits_addend above zero is a charge of tokens
+	// already used (descriptors.ChargesOwnHits): beyond what is left it
+	// is answered OVER_LIMIT and lands anyway, into debt (400 - 500 and
+	// the one request rpm counts), and the limit then denies even a
+	// check until refill has repaid it: 100 tokens at 1000 a minute, 6 s.
 	d.HitsAddend = wrapperspb.UInt64(500)
 	resp = call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{d}})
 	if resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].CurrentLimit.Name != "tpm" ||
-		resp.Statuses[0].GetDurationUntilReset().GetSeconds() != 6 {
-		t.Errorf("500 of 400 tokens: %+v", resp.Statuses[0])
+		resp.Statuses[0].LimitRemaining != 0 || resp.Statuses[0].GetDurationUntilReset().GetSeconds() != 7 {
+		t.Errorf("a charge of 500 on 400 tokens: %+v", resp.Statuses[0])
 	}
-	// A refund gives tokens back (never past the burst).
+	d.HitsAddend = wrapperspb.UInt64(0)
+	resp = call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{d}})
+	if resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].CurrentLimit.Name != "tpm" {
+		t.Errorf("a check in debt: %+v", resp.Statuses[0])
+	}
+	// A refund gives tokens back (never past the burst), repaying the
+	// debt first.
 	d.HitsAddend, d.IsNegativeHits = wrapperspb.UInt64(300), true
 	resp = call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{d}})
-	if resp.Statuses[0].LimitRemaining != 700 || resp.Statuses[0].CurrentLimit.Name != "tpm" {
-		t.Errorf("after a refund of 300: %+v", resp.Statuses[0])
+	if resp.Statuses[0].LimitRemaining != 200 || resp.Statuses[0].CurrentLimit.Name != "tpm" {
+		t.Errorf("after a refund of 300 on a debt of 100: %+v", resp.Statuses[0])
 	}
 	d.IsNegativeHits = false
-	d.HitsAddend = wrapperspb.UInt64(700)
-	if call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{d}}).OverallCode != rlsv3.RateLimitResponse_OK {
-		t.Error("700 tokens denied after the refund brought 700 back")
+	// A request's own hits are asked for, not charged, where the rule
+	// says so (charges: never): 300 of 200 is denied and takes nothing.
+	n := desc("asks", "k")
+	n.HitsAddend = wrapperspb.UInt64(300)
+	for range 2 {
+		resp = call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{n}})
+		if resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].LimitRemaining != 200 {
+			t.Errorf("300 of 200 on a rule that never charges: %+v", resp.Statuses[0])
+		}
 	}
 	// Request-level zero means one.
 	resp = call(t, c, &rlsv3.RateLimitRequest{HitsAddend: 0, Descriptors: []*rlv3.RateLimitDescriptor{desc("ip", "z")}})
@@ -409,8 +430,10 @@ func TestBadInputIsInvalidArgument(t *testing.T) {
 	if resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Errorf("2^64-1 hits: %+v", resp.Statuses[0])
 	}
-	if resp := call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("ip", "a#b%c/%2F")}}); resp.Statuses[0].LimitRemaining != 2 {
-		t.Errorf("value with # and %%: %+v", resp.Statuses[0])
+	// A charge of that much takes the limit to its floor: the next
+	// request is denied.
+	if resp := call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("ip", "a#b%c/%2F")}}); resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].LimitRemaining != 0 {
+		t.Errorf("value with # and %%, after a charge of 2^64-1: %+v", resp.Statuses[0])
 	}
 }
 

@@ -65,6 +65,16 @@ func Charge(limits []Limit, states []State, hits uint64, now int64, results []Re
 	return allowed
 }
 
+// Charged is the Result for limit l of a charge of cost that left it at
+// s, for a store that charges in a script of its own and reads back only
+// the state after: held is whether the limit held the cost (what Charge
+// reports for it).
+func Charged(l Limit, s State, cost int64, held bool, now int64) Result {
+	r := Result{Cost: cost, Allowed: held}
+	settle(l, s, &r, now, true)
+	return r
+}
+
 // judge refills every limit of states to now and records in results what
 // hits cost each and whether it holds that much (and more than zero).
 func judge(limits []Limit, states []State, hits uint64, now int64, results []Result) bool {

@@ -255,7 +255,15 @@ type target struct {
 	fp  string // fingerprint of res.Limits: the cfg it must carry
 	// refund: the request gives tokens back.
 	refund bool
-	item   *bucketItem // last state seen; nil: absent or never seen
+	// charged: some call of the write charges tokens already used
+	// (backend.Request.Charge), which may leave a limit in debt;
+	// admitted: some other call takes tokens. A write of charges alone
+	// is conditioned only on leaving each limit at its floor or above.
+	charged, admitted bool
+	// forgiven is, per limit, what the limit's floor cut off the
+	// write's charges: consumed, though it never left the bucket.
+	forgiven []int64
+	item     *bucketItem // last state seen; nil: absent or never seen
 	// seenAt is when item was seen (epoch ms); 0 for never.
 	seenAt int64
 	// fresh: item was read from, or returned by, the table during this
@@ -457,7 +465,11 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 	if d, ok := b.denyFromSeen(ts, req, level); ok {
 		return d, nil
 	}
-	if leased && req.Hits > 0 && b.beyondReach(ctx) {
+	// A charge is never denied here, nor answered by the failure policy
+	// for want of time: it waits for its write (ratelimit gives it a
+	// deadline of its own), since what it counts was used already.
+	charge := req.Charge && !req.Refund
+	if leased && req.Hits > 0 && !charge && b.beyondReach(ctx) {
 		// No write can be back before this call's deadline: waiting for
 		// one would only answer it late. It is answered now, and the
 		// lease is renewed for the calls after it. Where the lease has
@@ -480,7 +492,7 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 		}
 		return b.gaveUp(ts, req, level, began, fmt.Errorf("bucket %q/%q: %w", req.Entity, req.Resource, errBeyondReach))
 	}
-	if leased && req.Hits > 0 && b.opts.MaxDenyStaleness >= 0 {
+	if leased && req.Hits > 0 && !charge && b.opts.MaxDenyStaleness >= 0 {
 		// This replica's last write left the bucket drained: the calls
 		// its lease cannot pay are denied here while the next grant is
 		// on its way (AtLimit, which starts it), instead of queueing for
@@ -682,7 +694,7 @@ func decision(c *call, level backend.Level) backend.Decision {
 // nor a wait. Anything else (it would pass, or the state is too old) goes
 // through the bucket's lane.
 func (b *Backend) denyFromSeen(ts []target, req *backend.Request, level backend.Level) (backend.Decision, bool) {
-	if req.Refund || req.Hits == 0 {
+	if req.Refund || req.Hits == 0 || req.Charge {
 		return backend.Decision{}, false
 	}
 	b.loadSeen(ts)

@@ -398,6 +398,9 @@ func (b *Backend) settle(ts []target, now int64, mayGrant bool) bool {
 				if taken > 0 {
 					s.Consumed = satAdd(s.Consumed, taken)
 				}
+				if f := at(t.forgiven, j); f > 0 {
+					s.Consumed = satAdd(s.Consumed, f)
+				}
 			}
 			changes = changes || taken != 0 || s.Out != t.base[j].Out
 		}
@@ -641,15 +644,37 @@ func decideCalls(ts []target, calls []*call, now int64) (write, needView bool) {
 		limits = append(limits, ts[i].res.Limits...)
 		states = append(states, ts[i].pool(now)...)
 	}
+	charged, admitted := false, false
+	var forgiven, before []int64
 	for _, c := range calls {
 		if c.kind != decide {
 			continue
 		}
+		charge := c.req.Charge && !c.req.Refund
+		if charge {
+			before = before[:0]
+			for k, l := range limits {
+				before = append(before, bucket.Refill(l, states[k], now).Tokens)
+			}
+		}
 		c.results, c.allowed = backend.Apply(c.req, limits, states, now)
 		c.limits = limits
-		if c.allowed && c.req.Hits > 0 {
-			write = true
-		} else {
+		if charge {
+			// What a limit's floor cut off the charge still counts as
+			// consumed, though it never left the bucket.
+			if forgiven == nil {
+				forgiven = make([]int64, len(limits))
+			}
+			for k := range limits {
+				forgiven[k] += c.results[k].Cost - (before[k] - states[k].Tokens)
+			}
+		}
+		switch {
+		case c.req.Hits > 0 && charge:
+			write, charged = true, true
+		case c.allowed && c.req.Hits > 0:
+			write, admitted = true, admitted || !c.req.Refund
+		default:
 			needView = true
 		}
 	}
@@ -657,6 +682,11 @@ func decideCalls(ts []target, calls []*call, now int64) (write, needView bool) {
 	for i := range ts {
 		n := len(ts[i].res.Limits)
 		ts[i].states = states[off : off+n]
+		ts[i].charged, ts[i].admitted = charged, admitted
+		ts[i].forgiven = nil
+		if forgiven != nil {
+			ts[i].forgiven = forgiven[off : off+n]
+		}
 		off += n
 	}
 	return write, needView

@@ -34,6 +34,9 @@ const (
 	fieldConsumed = "tc"
 	fieldClock    = "rf"
 	fieldCost     = "cost"
+	// How far below zero a charge may take the limit (bucket.Limit.Debt),
+	// present only when it is not the default.
+	fieldDebt = "db"
 	// What leases hold of a limit (bucket.State.Out): their sum, the room
 	// left for refill (the burst less the tokens and that sum, kept with
 	// them so that every condition compares one attribute with a value),
@@ -114,7 +117,7 @@ func decodeBucket(av map[string]types.AttributeValue) (*bucketItem, error) {
 	for _, name := range fields.names {
 		f := fields.values[name]
 		it.limits = append(it.limits, bucket.Limit{
-			Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst],
+			Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst], Debt: f[fieldDebt],
 		})
 		st := bucket.State{Tokens: f[fieldTokens], Clock: f[fieldClock], Consumed: f[fieldConsumed], AtRoomSince: f[fieldAtRoom]}
 		for i := range bucket.LeaseSlots {
@@ -196,7 +199,7 @@ func decodeRecord(av map[string]types.AttributeValue, nowMs int64) (backend.Reco
 	}
 	for _, name := range fields.names {
 		f := fields.values[name]
-		l := bucket.Limit{Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst]}
+		l := bucket.Limit{Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst], Debt: f[fieldDebt]}
 		switch fields.costs[name] {
 		case "", "hits":
 		case "request":
@@ -219,6 +222,9 @@ func encodeRecord(av map[string]types.AttributeValue, rec backend.Record) {
 		av[limitAttr(configPrefix, l.Name, fieldBurst)] = num(l.Burst)
 		av[limitAttr(configPrefix, l.Name, fieldAmount)] = num(l.Amount)
 		av[limitAttr(configPrefix, l.Name, fieldPeriod)] = num(l.Period)
+		if l.Debt != 0 {
+			av[limitAttr(configPrefix, l.Name, fieldDebt)] = num(max(l.Debt, bucket.NoDebt))
+		}
 		cost := "hits"
 		if l.PerRequest {
 			cost = "request"

@@ -117,6 +117,9 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 			av[limitAttr(bucketPrefix, l.Name, fieldBurst)] = num(l.Burst)
 			av[limitAttr(bucketPrefix, l.Name, fieldAmount)] = num(l.Amount)
 			av[limitAttr(bucketPrefix, l.Name, fieldPeriod)] = num(l.Period)
+			if l.Debt != 0 {
+				av[limitAttr(bucketPrefix, l.Name, fieldDebt)] = num(max(l.Debt, bucket.NoDebt))
+			}
 			av[limitAttr(bucketPrefix, l.Name, fieldConsumed)] = num(s.Consumed)
 			av[limitAttr(bucketPrefix, l.Name, fieldClock)] = num(s.Clock)
 			av[limitAttr(bucketPrefix, l.Name, fieldOut)] = num(s.Leased())
@@ -189,18 +192,21 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 		if dOut != 0 {
 			e.addAttr(ot, num(dOut))
 		}
+		low := t.lowest(l, next)
 		switch {
 		case !t.refund && refilled.Tokens >= bucket.Room(l, base):
 			e.setMinus(tk, num(l.Burst-net), ot)
 			e.setAttr(rm, num(net-dOut))
 			e.setAttr(rf, num(now))
-			e.when("%n <= %v", []string{ot}, []types.AttributeValue{num(l.Burst - net)})
+			e.when("%n <= %v", []string{ot}, []types.AttributeValue{num(l.Burst - net - low)})
 			fullAt(e, l, rm, rf, base, net, now)
 			written[i].Clock = now
 		case !t.refund:
 			// Pay from the tokens held and, if short, from the least whole
 			// steps of refill; the rest stays pending on the clock.
-			ms, claimed := bucket.Claim(l, base, max(net, 0))
+			// A charge may take more than the refill gives: it claims
+			// all of it, and goes into debt for the rest.
+			ms, claimed := bucket.Claim(l, base, min(max(net, 0), refilled.Tokens))
 			pending := refilled.Tokens - base.Tokens - claimed
 			dTk := claimed - net
 			written[i].Tokens, written[i].Clock = base.Tokens+dTk, base.Clock+ms
@@ -214,7 +220,7 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 				e.addAttr(rm, num(d))
 			}
 			e.when("%n BETWEEN %v AND %v AND %n >= %v AND %n >= %v", []string{rf, tk, rm}, []types.AttributeValue{
-				num(base.Clock), num(now - ms), num(net - claimed), num(claimed + pending + 1)})
+				num(base.Clock), num(now - ms), num(net - claimed + low), num(claimed + pending + 1)})
 		default:
 			delta := next.Tokens - base.Tokens
 			if next.Clock != base.Clock {
@@ -229,6 +235,22 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 		}
 	}
 	return op{key: b.itemKey(t.key), e: e, next: &bucketItem{cfg: t.fp, ttl: ttl, limits: t.res.Limits, states: written}}
+}
+
+// lowest is the fewest tokens t's write may leave limit l with, whose
+// planned state after it is next, whatever others wrote meanwhile: zero
+// for decisions (what they admitted was there), the limit's floor for a
+// write of charges alone (they land whatever is left), and for both
+// together below zero, next itself (the item still holds all it held
+// when the admissions among them were decided).
+func (t *target) lowest(l bucket.Limit, next bucket.State) int64 {
+	switch {
+	case !t.charged:
+		return 0
+	case !t.admitted:
+		return bucket.Floor(l)
+	}
+	return min(next.Tokens, 0)
 }
 
 // atRoomOps keeps limit l's time at its room (fieldAtRoom, from base to
@@ -397,6 +419,11 @@ func (b *Backend) unseenOp(t *target, e *expr, now, ttl int64) op {
 		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldBurst), num(l.Burst))
 		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldAmount), num(l.Amount))
 		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldPeriod), num(l.Period))
+		if l.Debt != 0 {
+			e.setAttr(limitAttr(bucketPrefix, l.Name, fieldDebt), num(max(l.Debt, bucket.NoDebt)))
+		} else {
+			e.removeAttr(limitAttr(bucketPrefix, l.Name, fieldDebt))
+		}
 		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldOut), num(s.Leased()))
 		e.setAttr(rm, num(l.Burst-s.Tokens-s.Leased()))
 		if fs, since := limitAttr(bucketPrefix, l.Name, fieldAtRoom), bucket.AtRoom(l, s); since != 0 {

@@ -182,7 +182,7 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		e.used = now
 		// Only a write moves the TTL: a zero-hit check changes nothing, as
 		// on DynamoDB, where it writes nothing.
-		if allowed && (req.Hits > 0 || req.Refund) {
+		if (allowed || (req.Charge && !req.Refund)) && (req.Hits > 0 || req.Refund) {
 			e.expires = 0
 			ttl, ok := backend.BucketTTL(charges[i].res, b.opts.TTLMultiplier)
 			if ok {

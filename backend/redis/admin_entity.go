@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -176,6 +177,11 @@ const (
 	fieldTokens   = "tk"
 	fieldClock    = "rf"
 	fieldConsumed = "tc"
+	// fieldOutList lists what leases hold of a limit by expiry window
+	// ("window:tokens,..."), fieldDebt how far below zero a charge may take
+	// it (bucket.Limit.Debt; absent for the default).
+	fieldOutList = "ol"
+	fieldDebt    = "db"
 )
 
 // decodeBucket reads a bucket hash as decide.lua writes it: cfg, and
@@ -192,12 +198,20 @@ func decodeBucket(h map[string]string) (backend.Bucket, error) {
 			continue
 		}
 		name, what := rest[:i], rest[i+1:]
+		if byName[name] == nil {
+			byName[name] = map[string]int64{}
+		}
+		if what == fieldOutList {
+			out, err := leasedSum(v)
+			if err != nil {
+				return backend.Bucket{}, fmt.Errorf("field %s: %w", field, err)
+			}
+			byName[name][what] = out
+			continue
+		}
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
 			return backend.Bucket{}, fmt.Errorf("field %s: %q is not an integer", field, v)
-		}
-		if byName[name] == nil {
-			byName[name] = map[string]int64{}
 		}
 		byName[name][what] = n
 	}
@@ -208,10 +222,34 @@ func decodeBucket(h map[string]string) (backend.Bucket, error) {
 	slices.Sort(names)
 	for _, name := range names {
 		f := byName[name]
-		b.Limits = append(b.Limits, bucket.Limit{Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst]})
-		b.States = append(b.States, bucket.State{Tokens: f[fieldTokens], Clock: f[fieldClock], Consumed: f[fieldConsumed]})
+		b.Limits = append(b.Limits, bucket.Limit{Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst], Debt: f[fieldDebt]})
+		st := bucket.State{Tokens: f[fieldTokens], Clock: f[fieldClock], Consumed: f[fieldConsumed]}
+		if out := f[fieldOutList]; out > 0 {
+			// What the fleet's leases hold, as one slot that never ends:
+			// all a reader needs of them is their sum.
+			st.Out[0] = bucket.Out{Window: math.MaxInt64, Tokens: out}
+		}
+		b.States = append(b.States, st)
 	}
 	return b, nil
+}
+
+// leasedSum is the sum of what a limit's leases hold, from its field ol
+// ("window:tokens,..."; empty when none is out).
+func leasedSum(v string) (int64, error) {
+	var sum int64
+	for _, part := range strings.Split(v, ",") {
+		if part == "" {
+			continue
+		}
+		_, tokens, ok := strings.Cut(part, ":")
+		n, err := strconv.ParseInt(tokens, 10, 64)
+		if !ok || err != nil || n < 0 {
+			return 0, fmt.Errorf("%q is not a list of window:tokens", v)
+		}
+		sum += n
+	}
+	return sum, nil
 }
 
 // readBuckets reads the bucket hashes at keys and their expiry, pipelined,

@@ -302,15 +302,15 @@ func (b *Backend) Decide(ctx context.Context, req *backend.Request) (backend.Dec
 		return d, err
 	}
 	p.buckets = bs
-	p.call = scriptCall{refund: req.Refund, costs: costs(req, limits, p.costBuf[:0])}
+	p.call = scriptCall{refund: req.Refund, charge: req.Charge && !req.Refund, costs: costs(req, limits, p.costBuf[:0])}
 	if err := b.run(ctx, p); err != nil {
 		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
 	}
-	results, err := resultsOf(req, limits, p.call.costs, nil, p.after, p.allowed, p.now)
+	results, err := resultsOf(req, limits, p.call.costs, nil, p.after, p.allowed, p.holds, p.now)
 	if err != nil {
 		return backend.Decision{}, fmt.Errorf("redis: bucket %q/%q: %w", req.Entity, req.Resource, err)
 	}
-	if b.opts.OnBucketWrite != nil && p.allowed && (req.Hits > 0 || req.Refund) {
+	if b.opts.OnBucketWrite != nil && (p.allowed || p.call.charge) && (req.Hits > 0 || req.Refund) {
 		for _, r := range res {
 			b.opts.OnBucketWrite(backend.TTLDuration(backend.BucketTTL(r, b.opts.TTLMultiplier)))
 		}
@@ -375,6 +375,9 @@ func (b *Backend) script1(batch []*pending) {
 				p.allowed, p.after = r.allowed[at[i].call], r.after[at[i].call]
 				if r.granted != nil {
 					p.granted, p.cut, p.kept = r.granted[at[i].call], r.cut[at[i].call], r.kept[at[i].call]
+				}
+				if r.held != nil {
+					p.holds = r.held[at[i].call]
 				}
 				if p.landed != nil {
 					p.landed(p)
@@ -488,7 +491,7 @@ var errDisagree = errors.New("the decision script and backend/bucket disagree")
 // holds besides), so bucket.Decide is run again on them here: the answers
 // are its own, and it must agree with the script on the outcome. A
 // refund's results are its states after.
-func resultsOf(req *backend.Request, limits []bucket.Limit, costs, held []int64, after []bucket.State, allowed bool, now int64) ([]bucket.Result, error) {
+func resultsOf(req *backend.Request, limits []bucket.Limit, costs, held []int64, after []bucket.State, allowed bool, holds []bool, now int64) ([]bucket.Result, error) {
 	results := make([]bucket.Result, len(limits))
 	if req.Refund {
 		for i, l := range limits {
@@ -496,6 +499,12 @@ func resultsOf(req *backend.Request, limits []bucket.Limit, costs, held []int64,
 			results[i] = bucket.Result{Tokens: s.Tokens, Allowed: true, Wait: bucket.Wait(l, s, l.Burst, now)}
 		}
 		return results, nil
+	}
+	if req.Charge {
+		if len(holds) != len(limits) {
+			return nil, errDisagree
+		}
+		return chargedResults(limits, costs, held, after, holds, now), nil
 	}
 	before := make([]bucket.State, len(limits))
 	for i := range limits {
@@ -511,4 +520,19 @@ func resultsOf(req *backend.Request, limits []bucket.Limit, costs, held []int64,
 		return nil, errDisagree
 	}
 	return results, nil
+}
+
+// chargedResults are the results of a charge the script made, from the
+// states it left (after; held is what this replica's leases hold on top,
+// nil without leases) and whether each limit held its cost (holds).
+func chargedResults(limits []bucket.Limit, costs, held []int64, after []bucket.State, holds []bool, now int64) []bucket.Result {
+	results := make([]bucket.Result, len(limits))
+	for i, l := range limits {
+		s := after[i]
+		if i < len(held) {
+			s.Tokens += held[i]
+		}
+		results[i] = bucket.Charged(l, s, costs[i], holds[i], now)
+	}
+	return results
 }

@@ -66,6 +66,7 @@ type pending struct {
 	granted []int64 // a lease call's grant, per limit
 	cut     []int64 // what the burst cut off what it gave back
 	kept    []int64 // what of its tokens the lease kept out on lease
+	holds   []bool  // a charge's: whether each limit held its cost
 	err     error
 	// landed, when set, is called by the run with the answer in (and no
 	// error), before the call is woken: the runs of a lane, and the

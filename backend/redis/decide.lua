@@ -37,12 +37,15 @@
 --
 -- ARGV: now; the width (ms) of lease expiry windows; the number of
 -- layouts, and per layout cfg (fingerprint of its limits), n, and n
--- times: name, amount, period, burst; the number of groups, and per
+-- times: name, amount, period, burst, debt (bucket.Limit.Debt: 0 for
+-- one burst, -1 for none); the number of groups, and per
 -- group: the number of its keys, per key its layout (an index) and ttl
 -- (ms; 0 keeps the bucket forever); then the number of its calls, and
 -- per call mode ("d" decide, "r" refund, "l" decide for a replica with
--- leases) and per key and limit its cost (for a refund, what it gives
--- back); a lease call then has, per key and limit, what its lease gives
+-- leases, "c" charge and "m" charge for a replica with leases: a charge
+-- takes its cost whatever the limit holds, down to the limit's floor,
+-- bucket.Charge) and per key and limit its cost (for a refund, what it
+-- gives back); a lease call ("l" or "m") then has, per key and limit, what its lease gives
 -- back before the decision, the grant it asks for after it, and its
 -- report: what the bucket counts out for the lease, what of its tokens
 -- the lease keeps, the window they are out in, and the window of the
@@ -53,7 +56,8 @@
 -- limit the tokens and clock after it, as integers, and for a lease call
 -- then per key and limit the grant it took, the consumed total after it,
 -- what the burst cut off what it gave back, what of its tokens the lease
--- kept out, and what every lease of the bucket holds after it; or, when
+-- kept out, and what every lease of the bucket holds after it, and for a
+-- charge then per key and limit whether it held the cost (1 or 0); or, when
 -- a key of the group holds something other than a hash, Redis's error,
 -- and the group changes nothing (the other groups go on).
 -- Tokens out on lease count against the burst (bucket.State.Out): a
@@ -125,6 +129,8 @@ local lims, tks, rfs, tcs, spent, costs, grants, cuts = {}, {}, {}, {}, {}, {}, 
 -- tokens pairs, their sum, whether they changed, and what a lease call
 -- kept out of what it reported.
 local outs, outsum, outdirty, kepts, expd = {}, {}, {}, {}, {}
+-- Per limit, whether it held the cost of the call in hand.
+local helds = {}
 local set = {}
 
 -- take moves amount out of limit j's bucket (of the group in hand),
@@ -139,6 +145,17 @@ local function take(j, amount)
   else
     costs[j] = {spent[j], amount}
   end
+end
+
+-- charge takes cost out of limit j's bucket whatever it holds, down to
+-- its floor, and counts the whole cost as consumed (bucket.Charge).
+local function charge(j, cost)
+  local tk = tks[j]
+  local left, low = tk - cost, lims[j].floor
+  if tk < low then low = tk end
+  if left < low then left = low end
+  take(j, cost)
+  tks[j] = left
 end
 
 -- give puts amount back into limit j's bucket, never above its burst
@@ -269,7 +286,8 @@ local function group(now, width, layouts, at, key)
   local calls = at + 1
   local nextGroup = calls
   for _ = 1, ncalls do
-    if ARGV[nextGroup] == 'l' then
+    local m = ARGV[nextGroup]
+    if m == 'l' or m == 'm' then
       nextGroup = nextGroup + 1 + 7 * n
     else
       nextGroup = nextGroup + 1 + n
@@ -307,6 +325,9 @@ local function group(now, width, layouts, at, key)
           local room = bx - outsum[j]
           if room < 0 then room = 0 end
           tk, rf = refill(dt, da, room, tk, rf, now)
+          -- bucket.Reconcile: a debt the new limit does not allow is
+          -- forgiven.
+          if tk < l.floor then tk = l.floor end
         else
           tk = nil
           readOut(j, nil)
@@ -335,11 +356,12 @@ local function group(now, width, layouts, at, key)
   at = calls
   for _ = 1, ncalls do
     local allowed, mode = true, ARGV[at]
+    local leased, charged = mode == 'l' or mode == 'm', mode == 'c' or mode == 'm'
     if mode == 'r' then
       write = true
       for j = 1, n do give(j, num(ARGV[at + j]), now) end
     else
-      if mode == 'l' then
+      if leased then
         -- A lease call: the report on the replica's lease goes in first
         -- (what it gives back, the decision may spend), then the cost is
         -- decided, then the grant, in whole tokens, from what the bucket
@@ -356,20 +378,27 @@ local function group(now, width, layouts, at, key)
         end
       end
       -- At or below zero a limit denies even a check (bucket.Decide).
+      -- A charge says which limits held their cost (helds).
       for j = 1, n do
-        if tks[j] < num(ARGV[at + j]) or tks[j] <= 0 then allowed = false; break end
+        local held = tks[j] >= num(ARGV[at + j]) and tks[j] > 0
+        if not held then allowed = false end
+        helds[j] = held
+        if not held and not charged then break end
       end
-      if allowed then
+      if allowed or charged then
         for j = 1, n do
           local cost = num(ARGV[at + j])
-          if cost > 0 then write = true; take(j, cost) end
+          if cost > 0 then
+            write = true
+            if charged then charge(j, cost) else take(j, cost) end
+          end
         end
       end
-      if mode == 'l' then
+      if leased then
         for j = 1, n do
           local g, want = 0, num(ARGV[at + 2 * n + j])
           local win = num(ARGV[at + 6 * n + j])
-          if allowed and want > 0 and tks[j] >= 1000 then
+          if (allowed or charged) and want > 0 and tks[j] >= 1000 then
             g = tks[j] - fmod(tks[j], 1000)
             if want < g then g = want end
           end
@@ -388,7 +417,7 @@ local function group(now, width, layouts, at, key)
       reply[nr + 1] = tks[j]; reply[nr + 2] = rfs[j]
       nr = nr + 2
     end
-    if mode == 'l' then
+    if leased then
       -- Then per limit the grant, the consumed total after it (for
       -- the fleet's demand; approximate past 2^53), what the burst
       -- cut off what the lease gave back, what of its tokens the lease
@@ -401,6 +430,11 @@ local function group(now, width, layouts, at, key)
       at = at + 1 + 7 * n
     else
       at = at + 1 + n
+    end
+    if charged then
+      -- Then per limit whether it held the charge (1 or 0).
+      for j = 1, n do reply[nr + j] = helds[j] and 1 or 0 end
+      nr = nr + n
     end
   end
   if not write then
@@ -435,6 +469,12 @@ local function group(now, width, layouts, at, key)
         set[m + 5] = l.f .. 'rp'; set[m + 6] = l.periodArg
         set[m + 7] = l.f .. 'bx'; set[m + 8] = l.burstArg
         m = m + 8
+        if l.debtArg ~= '0' then
+          set[m + 1] = l.f .. 'db'; set[m + 2] = l.debtArg
+          m = m + 2
+        else
+          rcall('HDEL', bk, l.f .. 'db')
+        end
       end
       if spent[j] > 0 and not costs[j] then
         -- The consumed total, exact as a double below 2^53; past it (or
@@ -493,13 +533,16 @@ for li = 1, num(ARGV[3]) do
     local dt, da = lowest(amount, period)
     local l = {f = f, tk = f .. 'tk', rf = f .. 'rf', tc = f .. 'tc', ol = f .. 'ol',
       burst = num(ARGV[at + 3]), dt = dt, da = da,
-      amountArg = ARGV[at + 1], periodArg = ARGV[at + 2], burstArg = ARGV[at + 3]}
+      amountArg = ARGV[at + 1], periodArg = ARGV[at + 2], burstArg = ARGV[at + 3], debtArg = ARGV[at + 4]}
+    -- bucket.Floor: the fewest tokens a charge leaves the limit with.
+    local debt = num(ARGV[at + 4])
+    if debt < 0 then l.floor = 0 elseif debt == 0 then l.floor = -l.burst else l.floor = -debt end
     lay.limits[i] = l
     local fs, rs = lay.fields, lay.rates
     fs[4 * i - 2], fs[4 * i - 1], fs[4 * i], fs[4 * i + 1] = l.tk, l.rf, l.tc, l.ol
     rs[3 * i - 2], rs[3 * i - 1], rs[3 * i] = f .. 'ra', f .. 'rp', f .. 'bx'
     lay.keep[f] = true
-    at = at + 4
+    at = at + 5
   end
   layouts[li] = lay
 end

@@ -70,7 +70,12 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 		lbs[i] = backend.LeaseBucket[string]{Key: bs[i].key, Res: res[i], FP: bs[i].cfg}
 	}
 	now, rtt := b.opts.Now(), b.rtt.Ms()
-	paying := !req.Refund && req.Hits > 0
+	// A charge is never denied here, nor answered by the failure
+	// policy: a lease that holds it pays it, and any other goes to Redis
+	// whole (into debt there), in a run that outlives its caller, so that
+	// it lands even after Envoy, which ignores the answer, has given up.
+	charge := req.Charge && !req.Refund
+	paying := !req.Refund && req.Hits > 0 && !charge
 	if !req.Refund {
 		if results, renew, paid := b.leases.Spend(lbs, req.Hits, now, rtt, true); paid {
 			b.renew(renew)
@@ -107,7 +112,7 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 		}
 	}
 	p := &pending{buckets: bs}
-	p.call = scriptCall{refund: req.Refund, lease: !req.Refund, costs: costs(req, limits, p.costBuf[:0])}
+	p.call = scriptCall{refund: req.Refund, lease: !req.Refund, charge: charge, costs: costs(req, limits, p.costBuf[:0])}
 	// The run may outlive this call, and its caller may reuse req once
 	// Decide returns: the run reads a copy.
 	rq := *req
@@ -236,7 +241,7 @@ func (b *Backend) settle(lc *leaseCall, err error) {
 		return
 	}
 	if lc.req.Refund {
-		lc.results, lc.err = resultsOf(lc.req, lc.limits, p.call.costs, nil, p.after, p.allowed, now)
+		lc.results, lc.err = resultsOf(lc.req, lc.limits, p.call.costs, nil, p.after, p.allowed, p.holds, now)
 		lc.state.CompareAndSwap(callPending, callAnswered)
 		return
 	}
@@ -249,8 +254,8 @@ func (b *Backend) settle(lc *leaseCall, err error) {
 	if p.allowed {
 		held = p.held
 	}
-	lc.results, lc.err = resultsOf(lc.req, lc.limits, p.call.costs, held, p.after, p.allowed, now)
-	if !lc.state.CompareAndSwap(callPending, callAnswered) && p.allowed && lc.req.Hits > 0 {
+	lc.results, lc.err = resultsOf(lc.req, lc.limits, p.call.costs, held, p.after, p.allowed, p.holds, now)
+	if !lc.state.CompareAndSwap(callPending, callAnswered) && p.allowed && lc.req.Hits > 0 && !p.call.charge {
 		// Its caller had gone: the tokens its admission took are lost.
 		// They left the bucket as spent, not as a lease, so a lease that
 		// spent them later could spend them on top of a bucket refilled

@@ -51,6 +51,9 @@ func recordFields(limits []bucket.Limit) []string {
 			f(fieldBurst), strconv.FormatInt(l.Burst, 10),
 			f(fieldCapacity), strconv.FormatInt(l.Amount, 10),
 			f(fieldCost), cost)
+		if l.Debt != 0 {
+			out = append(out, f(fieldDebt), strconv.FormatInt(max(l.Debt, bucket.NoDebt), 10))
+		}
 	}
 	return out
 }
@@ -108,7 +111,7 @@ func decodeRecord(h map[string]string, nowMs int64) (backend.Record, bool, error
 	slices.Sort(names) // a hash has no order; keep limits in a stable one
 	for _, name := range names {
 		p := byName[name]
-		l := bucket.Limit{Name: name, Amount: p.n[fieldAmount], Period: p.n[fieldPeriod], Burst: p.n[fieldBurst]}
+		l := bucket.Limit{Name: name, Amount: p.n[fieldAmount], Period: p.n[fieldPeriod], Burst: p.n[fieldBurst], Debt: p.n[fieldDebt]}
 		switch p.cost {
 		case "", "hits":
 		case "request":

@@ -36,6 +36,9 @@ type scriptBucket struct {
 type scriptCall struct {
 	refund bool
 	lease  bool
+	// charge: the costs are tokens already used, taken whatever the
+	// limits hold, down to their floors (bucket.Charge).
+	charge bool
 	costs  []int64
 	back   []int64
 	want   []int64
@@ -75,6 +78,9 @@ type groupReply struct {
 	granted [][]int64
 	cut     [][]int64
 	kept    [][]int64
+	// held, per charge call (nil for the others), whether each limit
+	// held its cost.
+	held [][]bool
 }
 
 // scriptArgs lays out the keys and arguments of one run of decideLua:
@@ -101,7 +107,7 @@ func scriptArgs(now, window int64, groups []scriptGroup) (keys, argv []string) {
 		}
 	}
 	for _, l := range layouts {
-		nargs += 2 + 4*len(l.limits)
+		nargs += 2 + 5*len(l.limits)
 	}
 	keys = make([]string, 0, nkeys)
 	a := newArgs(nargs)
@@ -116,6 +122,7 @@ func scriptArgs(now, window int64, groups []scriptGroup) (keys, argv []string) {
 			a.int(x.Amount)
 			a.int(x.Period)
 			a.int(x.Burst)
+			a.int(max(x.Debt, bucket.NoDebt))
 		}
 	}
 	a.int(int64(len(groups)))
@@ -131,8 +138,12 @@ func scriptArgs(now, window int64, groups []scriptGroup) (keys, argv []string) {
 			switch {
 			case c.refund:
 				a.str("r")
+			case c.lease && c.charge:
+				a.str("m")
 			case c.lease:
 				a.str("l")
+			case c.charge:
+				a.str("c")
 			default:
 				a.str("d")
 			}
@@ -232,6 +243,9 @@ func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupRepl
 			if c.lease && !c.refund {
 				need += 5 * nlimits
 			}
+			if c.charge && !c.refund {
+				need += nlimits
+			}
 		}
 		if len(reply)-at < need {
 			return nil, short()
@@ -270,6 +284,15 @@ func parseReply(groups []scriptGroup, reply []rueidis.RedisMessage) ([]groupRepl
 					// What the fleet's leases hold, as one slot that never
 					// ends: all a view needs of them is their sum.
 					r.after[c][i].Out[0] = bucket.Out{Window: math.MaxInt64, Tokens: next()}
+				}
+			}
+			if g.calls[c].charge && !g.calls[c].refund {
+				if r.held == nil {
+					r.held = make([][]bool, nc)
+				}
+				r.held[c] = make([]bool, nlimits)
+				for i := range nlimits {
+					r.held[c][i] = next() == 1
 				}
 			}
 		}

@@ -83,18 +83,27 @@ func randomLimits(r *rand.Rand) []bucket.Limit {
 		if r.IntN(3) == 0 {
 			burst = r.Int64N(bucket.MaxTokens) * bucket.Milli
 		}
-		out = append(out, bucket.Limit{Name: []string{"rpm", "tpm", "odd-name.1_tk"}[i], Amount: a,
-			Period: periods[r.IntN(len(periods))], Burst: burst, PerRequest: r.IntN(4) == 0})
+		l := bucket.Limit{Name: []string{"rpm", "tpm", "odd-name.1_tk"}[i], Amount: a,
+			Period: periods[r.IntN(len(periods))], Burst: burst, PerRequest: r.IntN(4) == 0}
+		switch r.IntN(4) {
+		case 0:
+			l.Debt = bucket.NoDebt
+		case 1:
+			l.Debt = (1 + r.Int64N(bucket.MaxTokens)) * bucket.Milli
+		}
+		out = append(out, l)
 	}
 	return out
 }
 
 // The script decides exactly as backend/bucket does: for random limits
 // over their whole range, random times from the same millisecond to
-// years apart, random hits, refunds, and limits that change under a
-// bucket (raised, lowered, added, removed), every decision and every
-// state it leaves (tokens, clock, consumed) equal Go's, and so does what
-// the script writes: nothing on a denial or a check, and the TTL.
+// years apart, random hits, refunds, charges (into debt, down to random
+// floors), and limits that change under a bucket (raised, lowered,
+// added, removed), every decision and every state it leaves (tokens,
+// clock, consumed) equal Go's, and so does what the script writes:
+// nothing on a denial or a check, and the TTL. A charge's results, read
+// back from the states it left, are Go's too.
 func TestScriptDecidesAsBucket(t *testing.T) {
 	srv := redistest.Require(t)
 	c := newClient(t, srv)
@@ -123,7 +132,8 @@ func TestScriptDecidesAsBucket(t *testing.T) {
 				hits = r.Uint64N(uint64(bucket.MaxTokens) * 2)
 			}
 			refund := r.IntN(6) == 0
-			req := &backend.Request{Hits: hits, Refund: refund}
+			charge := !refund && r.IntN(3) == 0
+			req := &backend.Request{Hits: hits, Refund: refund, Charge: charge}
 
 			// Go: the states the bucket is at now, under these limits.
 			var states []bucket.State
@@ -135,7 +145,7 @@ func TestScriptDecidesAsBucket(t *testing.T) {
 			default:
 				states = bucket.Reconcile(stored.limits, slices.Clone(stored.states), limits, now)
 			}
-			_, allowed := backend.Apply(req, limits, states, now)
+			results, allowed := backend.Apply(req, limits, states, now)
 
 			costs := make([]int64, len(limits))
 			anyCost := false
@@ -152,8 +162,8 @@ func TestScriptDecidesAsBucket(t *testing.T) {
 				ttl = 1 + r.Int64N(86_400_000)
 			}
 			sb := scriptBucket{key: key, cfg: fmt.Sprint(limits), limits: limits, ttlMs: ttl}
-			r := runScript(t, c, now, []scriptGroup{{buckets: []scriptBucket{sb}, calls: []scriptCall{{refund: refund, costs: costs}}}})[0]
-			where := fmt.Sprintf("run %d step %d: limits %v, %d hits, refund %v, at %d", run, step, limits, hits, refund, now)
+			r := runScript(t, c, now, []scriptGroup{{buckets: []scriptBucket{sb}, calls: []scriptCall{{refund: refund, charge: charge, costs: costs}}}})[0]
+			where := fmt.Sprintf("run %d step %d: limits %v, %d hits, refund %v, charge %v, at %d", run, step, limits, hits, refund, charge, now)
 			if r.allowed[0] != allowed {
 				t.Fatalf("%s: script allowed %v, bucket %v", where, r.allowed[0], allowed)
 			}
@@ -170,7 +180,12 @@ func TestScriptDecidesAsBucket(t *testing.T) {
 			if !slices.Equal(got, states) {
 				t.Fatalf("%s:\n script states %+v\n bucket states %+v\n stored %+v", where, got, states, stored)
 			}
-			written := refund || (allowed && anyCost)
+			if charge {
+				if got := chargedResults(limits, costs, nil, r.after[0], r.held[0], now); !slices.Equal(got, results) {
+					t.Fatalf("%s:\n results read back %+v\n bucket results %+v", where, got, results)
+				}
+			}
+			written := refund || ((allowed || charge) && anyCost)
 			if written {
 				stored = &modelBucket{limits: slices.Clone(limits), states: slices.Clone(states)}
 				pttl, err := srv.Do(ctx, "PTTL", key)

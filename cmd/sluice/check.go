@@ -26,6 +26,7 @@ type checkOptions struct {
 	domain      string
 	descriptors []string
 	hits        uint32
+	charge      bool
 	timeout     time.Duration
 	// tls: the CA that signed Sluice's certificate, and the client
 	// identity for mutual TLS.
@@ -41,9 +42,13 @@ func newCheckCommand() *cobra.Command {
 then for each descriptor its code, the limit that bound it, the whole tokens
 remaining and the seconds until it resets. Each --descriptor is one
 descriptor, its entries written key=value and separated by commas.
-A check that consumes (--hits 1, the default) counts like real traffic.`,
+A check that consumes (--hits 1, the default) counts like real traffic.
+With --charge the hits go in each descriptor's own hits_addend, as a gateway
+sends the tokens a response used when it ends: by default such a charge lands
+even beyond what is left, into debt (rules with charges: never excepted).`,
 		Example: `  sluice check --domain edge --descriptor remote_address=10.0.0.1
-  sluice check --grpc-addr sluice:8081 --domain api --descriptor api_key=k1,path=/v1/chat --hits 250`,
+  sluice check --grpc-addr sluice:8081 --domain api --descriptor api_key=k1,path=/v1/chat --hits 250
+  sluice check --domain api --descriptor api_key=k9,route=chat --hits 50000 --charge`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req, err := o.request()
@@ -69,6 +74,7 @@ A check that consumes (--hits 1, the default) counts like real traffic.`,
 	f.StringVar(&o.domain, "domain", "", "rate-limit domain (required)")
 	f.StringArrayVar(&o.descriptors, "descriptor", nil, "a descriptor as key=value[,key=value...]; repeat for several")
 	f.Uint32Var(&o.hits, "hits", 1, "hits_addend of the request; 0 asks without consuming")
+	f.BoolVar(&o.charge, "charge", false, "send --hits as each descriptor's own hits_addend: a charge of tokens already used, as gateways send at stream end")
 	f.DurationVar(&o.timeout, "timeout", 2*time.Second, "deadline of the call")
 	o.tls.addFlags(f)
 	return cmd
@@ -133,7 +139,10 @@ func (o checkOptions) request() (*rlsv3.RateLimitRequest, error) {
 	if len(o.descriptors) == 0 {
 		return nil, fmt.Errorf("give at least one --descriptor key=value")
 	}
-	req := &rlsv3.RateLimitRequest{Domain: o.domain, HitsAddend: o.hits}
+	req := &rlsv3.RateLimitRequest{Domain: o.domain}
+	if !o.charge {
+		req.HitsAddend = o.hits
+	}
 	for _, text := range o.descriptors {
 		d := &rlv3.RateLimitDescriptor{}
 		for _, pair := range strings.Split(text, ",") {
@@ -143,9 +152,10 @@ func (o checkOptions) request() (*rlsv3.RateLimitRequest, error) {
 			}
 			d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: k, Value: v})
 		}
-		if o.hits == 0 {
-			// A request-level zero means one; ask per descriptor to check.
-			d.HitsAddend = wrapperspb.UInt64(0)
+		if o.hits == 0 || o.charge {
+			// A request-level zero means one: a check asks per
+			// descriptor, as a charge does.
+			d.HitsAddend = wrapperspb.UInt64(uint64(o.hits))
 		}
 		req.Descriptors = append(req.Descriptors, d)
 	}
