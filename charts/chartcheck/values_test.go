@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"helm.sh/helm/v3/pkg/chart"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -59,6 +60,17 @@ func TestChartFilesAreTheExamples(t *testing.T) {
 	}
 }
 
+// renderInline renders the chart with values written inline as YAML.
+func renderInline(t *testing.T, c *chart.Chart, vals string) error {
+	t.Helper()
+	var v map[string]any
+	if err := yaml.Unmarshal([]byte(vals), &v); err != nil {
+		t.Fatalf("%s: %v", vals, err)
+	}
+	_, err := render(c, v)
+	return err
+}
+
 // What a user gets wrong in their values fails `helm install` with the
 // value named, before anything reaches the cluster.
 func TestSchemaRefusesMisspeltAndMistypedValues(t *testing.T) {
@@ -90,11 +102,7 @@ func TestSchemaRefusesMisspeltAndMistypedValues(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var vals map[string]any
-			if err := yaml.Unmarshal([]byte(tc.vals), &vals); err != nil {
-				t.Fatal(err)
-			}
-			_, err := render(c, vals)
+			err := renderInline(t, c, tc.vals)
 			if err == nil {
 				t.Fatalf("%s: rendered", tc.vals)
 			}
@@ -126,11 +134,7 @@ func TestChartRefusesDeploymentsThatWouldBeWrong(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			var vals map[string]any
-			if err := yaml.Unmarshal([]byte(tc.vals), &vals); err != nil {
-				t.Fatal(err)
-			}
-			_, err := render(c, vals)
+			err := renderInline(t, c, tc.vals)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("%s: %v, want an error saying %q", tc.vals, err, tc.want)
 			}
@@ -142,29 +146,27 @@ func TestChartRefusesDeploymentsThatWouldBeWrong(t *testing.T) {
 		`{backend: redis, redis: {url: "redis://r:6379"}, autoscaling: {enabled: true}}`,
 		`{terminationGracePeriodSeconds: 16, shutdownTimeoutSeconds: 10, preStopSleepSeconds: 5}`,
 	} {
-		var vals map[string]any
-		if err := yaml.Unmarshal([]byte(ok), &vals); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := render(c, vals); err != nil {
+		if err := renderInline(t, c, ok); err != nil {
 			t.Errorf("%s: %v", ok, err)
 		}
 	}
 }
 
-// loadSchema reads values.schema.json as a generic tree.
-func loadSchema(t *testing.T) map[string]any {
+// chartTree reads one of the chart's YAML or JSON files as a generic tree.
+func chartTree(t *testing.T, name string) map[string]any {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
+	raw, err := os.ReadFile(filepath.Join(chartDir, name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var schema map[string]any
-	if err := json.Unmarshal(raw, &schema); err != nil {
-		t.Fatal(err)
+	var tree map[string]any
+	if err := yaml.Unmarshal(raw, &tree); err != nil {
+		t.Fatalf("%s: %v", name, err)
 	}
-	return schema
+	return tree
 }
+
+func loadSchema(t *testing.T) map[string]any { return chartTree(t, "values.schema.json") }
 
 // The schema is draft-07, refers to nothing outside itself (Helm would
 // try to fetch it), and closes every object whose properties it lists, so
@@ -216,14 +218,7 @@ func TestSchemaIsSelfContainedAndClosed(t *testing.T) {
 // whole (resources, affinity, env).
 func valueLeaves(t *testing.T, schema map[string]any) map[string]any {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(chartDir, "values.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var vals map[string]any
-	if err := yaml.Unmarshal(raw, &vals); err != nil {
-		t.Fatal(err)
-	}
+	vals := chartTree(t, "values.yaml")
 	leaves := map[string]any{}
 	var walk func(prefix string, node map[string]any, vals map[string]any)
 	walk = func(prefix string, node map[string]any, vals map[string]any) {
