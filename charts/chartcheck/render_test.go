@@ -76,10 +76,22 @@ func loadChart(t *testing.T) *chart.Chart {
 // would: the values checked against values.schema.json first, then every
 // template in strict mode (a missing value is an error, not "").
 func render(c *chart.Chart, vals map[string]any) (map[string]string, error) {
+	return renderAs(c, release, vals)
+}
+
+// clusterVersion is the oldest Kubernetes the chart is rendered for: the
+// first with the preStop sleep action on by default.
+var clusterVersion = chartutil.KubeVersion{Version: "v1.30.0", Major: "1", Minor: "30"}
+
+func renderAs(c *chart.Chart, releaseName string, vals map[string]any) (map[string]string, error) {
+	// As helm install does before rendering.
+	if !chartutil.IsCompatibleRange(c.Metadata.KubeVersion, clusterVersion.String()) {
+		return nil, fmt.Errorf("the chart wants Kubernetes %s, not %s", c.Metadata.KubeVersion, clusterVersion)
+	}
 	caps := chartutil.DefaultCapabilities.Copy()
-	caps.KubeVersion = chartutil.KubeVersion{Version: "v1.31.0", Major: "1", Minor: "31"}
+	caps.KubeVersion = clusterVersion
 	top, err := chartutil.ToRenderValues(c, vals, chartutil.ReleaseOptions{
-		Name: release, Namespace: namespace, Revision: 1, IsInstall: true,
+		Name: releaseName, Namespace: namespace, Revision: 1, IsInstall: true,
 	}, caps)
 	if err != nil {
 		return nil, fmt.Errorf("values: %w", err)
@@ -294,4 +306,27 @@ func serverDeployment(t *testing.T, m manifests) *appsv1.Deployment {
 	}
 	t.Fatal("no Deployment runs sluice serve")
 	return nil
+}
+
+// A release of another name names its objects after itself, and they
+// still find each other: the Service its pods, the autoscaler and budget
+// the Deployment, the test the Service.
+func TestReleaseNameNamesTheObjects(t *testing.T) {
+	c := loadChart(t)
+	for _, tc := range []struct{ release, want string }{
+		{"edge", "edge-sluice"},
+		{"sluice-eu", "sluice-eu"},
+	} {
+		files, err := renderAs(c, tc.release, readValues(t, filepath.Join(chartDir, "ci", "hpa-redis.yaml")))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.release, err)
+		}
+		m := decode(t, files)
+		if d := serverDeployment(t, m); d.Name != tc.want {
+			t.Errorf("release %s: Deployment %s, want %s", tc.release, d.Name, tc.want)
+		}
+		checkSelectorsAndPorts(t, m)
+		checkHelmTest(t, m)
+		checkNotes(t, m)
+	}
 }
