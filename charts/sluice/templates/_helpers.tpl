@@ -97,6 +97,18 @@ time with the reason.
 {{- if and $v.regions.region (not $v.regions.all) }}
 {{- fail "regions.region needs regions.all, every region and its weight" }}
 {{- end }}
+{{- $names := list }}
+{{- range $v.regions.all }}
+{{- $names = append $names .name }}
+{{- end }}
+{{- if and $v.regions.region (not (has $v.regions.region $names)) }}
+{{- fail (printf "regions.region %s is not one of regions.all (%s)" $v.regions.region (join ", " $names)) }}
+{{- end }}
+{{- range $v.regions.sync.stores }}
+{{- if or (eq .name $v.regions.region) (not (has .name $names)) }}
+{{- fail (printf "regions.sync.stores: %s must be another region of regions.all (%s) than this one (%s)" .name (join ", " $names) $v.regions.region) }}
+{{- end }}
+{{- end }}
 {{- if $v.regions.sync.enabled }}
 {{- if eq $v.backend "memory" }}
 {{- fail "regions.sync.enabled: the memory backend has no store to share records through (it enforces each region's base); use redis or dynamodb" }}
