@@ -18,6 +18,8 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
 	"helm.sh/helm/v3/pkg/releaseutil"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -199,6 +201,14 @@ func valuesFiles(t *testing.T) []string {
 	return append([]string{""}, files...)
 }
 
+// valuesName names a values file in messages: "defaults" or "ci/NAME.yaml".
+func valuesName(path string) string {
+	if path == "" {
+		return "defaults"
+	}
+	return filepath.ToSlash(strings.TrimPrefix(path, chartDir+"/"))
+}
+
 func readValues(t *testing.T, path string) map[string]any {
 	t.Helper()
 	if path == "" {
@@ -227,10 +237,7 @@ func TestEveryValuesFileRendersAndHoldsTogether(t *testing.T) {
 	c := loadChart(t)
 	var lines []commandLine
 	for _, path := range valuesFiles(t) {
-		name := "defaults"
-		if path != "" {
-			name = filepath.ToSlash(strings.TrimPrefix(path, chartDir+"/"))
-		}
+		name := valuesName(path)
 		vals := readValues(t, path)
 		files, err := render(c, vals)
 		if err != nil {
@@ -328,5 +335,20 @@ func TestReleaseNameNamesTheObjects(t *testing.T) {
 		checkSelectorsAndPorts(t, m)
 		checkHelmTest(t, m)
 		checkNotes(t, m)
+	}
+}
+
+// Helm's own linter, as `helm lint --strict` runs it with each values
+// file: the chart's metadata, its templates and the objects they render
+// (names, apiVersions the cluster still serves), and the values against
+// the schema. A warning fails too: the chart has no excuse for one.
+func TestHelmLint(t *testing.T) {
+	for _, path := range valuesFiles(t) {
+		linter := lint.AllWithKubeVersion(chartDir, readValues(t, path), namespace, &clusterVersion)
+		for _, msg := range linter.Messages {
+			if msg.Severity > support.InfoSev {
+				t.Errorf("%s: %s", valuesName(path), msg)
+			}
+		}
 	}
 }
