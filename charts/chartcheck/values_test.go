@@ -360,3 +360,40 @@ func TestValuesFilesCoverEveryFeature(t *testing.T) {
 		}
 	}
 }
+
+// Every values example docs/kubernetes.md shows installs: each ```yaml
+// block passes the schema and the chart's guards and renders objects that
+// decode, and each --set of its commands names a value the chart has.
+func TestManualExamplesInstall(t *testing.T) {
+	raw, err := os.ReadFile("../../docs/kubernetes.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := loadChart(t)
+	blocks := regexp.MustCompile("(?ms)^```yaml\n(.*?)^```").FindAllStringSubmatch(string(raw), -1)
+	if len(blocks) < 3 {
+		t.Fatalf("found %d yaml blocks in docs/kubernetes.md", len(blocks))
+	}
+	for _, b := range blocks {
+		var vals map[string]any
+		if err := yaml.Unmarshal([]byte(b[1]), &vals); err != nil {
+			t.Fatalf("docs/kubernetes.md: %v\n%s", err, b[1])
+		}
+		files, err := render(c, vals)
+		if err != nil {
+			t.Errorf("docs/kubernetes.md's example does not install: %v\n%s", err, b[1])
+			continue
+		}
+		decode(t, files)
+	}
+	leaves := valueLeaves(t, loadSchema(t))
+	sets := regexp.MustCompile(`--set ([A-Za-z0-9.]+)=`).FindAllStringSubmatch(string(raw), -1)
+	if len(sets) == 0 {
+		t.Fatal("docs/kubernetes.md has no --set; the pattern no longer finds them")
+	}
+	for _, m := range sets {
+		if _, ok := leaves[m[1]]; !ok {
+			t.Errorf("docs/kubernetes.md sets %s, which the chart does not have", m[1])
+		}
+	}
+}
