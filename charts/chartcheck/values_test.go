@@ -130,6 +130,8 @@ func TestChartRefusesDeploymentsThatWouldBeWrong(t *testing.T) {
 		{"sync missing a region's store", `{backend: redis, redis: {url: "redis://a:6379"}, regions: {region: a, all: [{name: a, weight: 1}, {name: b, weight: 1}, {name: c, weight: 1}], sync: {enabled: true, stores: [{name: b, url: "redis://b:6379"}]}}}`, "needs 2"},
 		{"a region not among the regions", `regions: {region: us, all: [{name: eu, weight: 1}]}`, "is not one of regions.all"},
 		{"a store for this very region", `{backend: redis, redis: {url: "redis://a:6379"}, regions: {region: a, all: [{name: a, weight: 1}, {name: b, weight: 1}], sync: {enabled: true, stores: [{name: a, url: "redis://a:6379"}]}}}`, "must be another region"},
+		{"a client certificate without its key", `{backend: redis, redis: {url: "rediss://r:6380", tls: {existingSecret: ca, certKey: tls.crt}}}`, "go together"},
+		{"client certificates without the serving Secret", `tls: {clientCA: true}`, "tls.clientCA needs tls.existingSecret"},
 		{"both monitors", `monitoring: {serviceMonitor: {enabled: true}, podMonitor: {enabled: true}}`, "scraped twice"},
 		{"xds and a rules file", `rules: {files: {a.yaml: "domain: a"}, xds: {enabled: true, server: "eg:18001"}}`, "leave rules.files"},
 		{"table hook on redis", `{backend: redis, redis: {url: "redis://r:6379"}, dynamodb: {createTable: {enabled: true}}}`, "needs backend dynamodb"},

@@ -123,6 +123,12 @@ time with the reason.
 {{- if le (int $v.terminationGracePeriodSeconds) (add $v.preStopSleepSeconds $v.shutdownTimeoutSeconds) }}
 {{- fail (printf "terminationGracePeriodSeconds %d must be above preStopSleepSeconds + shutdownTimeoutSeconds (%d): otherwise the kubelet kills the pod while calls still drain" (int $v.terminationGracePeriodSeconds) (add $v.preStopSleepSeconds $v.shutdownTimeoutSeconds)) }}
 {{- end }}
+{{- if ne (empty $v.redis.tls.certKey) (empty $v.redis.tls.keyKey) }}
+{{- fail "redis.tls.certKey and redis.tls.keyKey go together: a client certificate needs its key" }}
+{{- end }}
+{{- if and $v.tls.clientCA (not $v.tls.existingSecret) }}
+{{- fail "tls.clientCA needs tls.existingSecret, whose ca.crt signs the client certificates" }}
+{{- end }}
 {{- if and $v.monitoring.serviceMonitor.enabled $v.monitoring.podMonitor.enabled }}
 {{- fail "monitoring.serviceMonitor and monitoring.podMonitor: enable one, or every server is scraped twice" }}
 {{- end }}
