@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -251,6 +252,13 @@ func checkSelectorsAndPorts(t *testing.T, m manifests) {
 		}
 		if !dns {
 			t.Errorf("NetworkPolicy %s lets no DNS out: the pods could not find their store", np.Name)
+		}
+		for _, port := range syncStorePorts(t, m) {
+			if !slices.ContainsFunc(np.Spec.Egress, func(r networkingv1.NetworkPolicyEgressRule) bool {
+				return slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port != nil && p.Port.IntValue() == port })
+			}) {
+				t.Errorf("NetworkPolicy %s keeps the sync from another region's store on port %d", np.Name, port)
+			}
 		}
 	}
 
@@ -595,4 +603,38 @@ func decodeStrict(raw []byte, into any) error {
 		return fmt.Errorf("%v", strict)
 	}
 	return nil
+}
+
+// syncStorePorts returns the ports of the other regions' stores the sync
+// is given (--global-store), which it must reach.
+func syncStorePorts(t *testing.T, m manifests) []int {
+	t.Helper()
+	var ports []int
+	for _, d := range all[*appsv1.Deployment](m) {
+		for _, a := range d.Spec.Template.Spec.Containers[0].Args {
+			v, ok := strings.CutPrefix(a, "--global-store=")
+			if !ok {
+				continue
+			}
+			_, raw, _ := strings.Cut(v, "=")
+			u, err := url.Parse(raw)
+			if err != nil {
+				t.Fatalf("--global-store %s: %v", v, err)
+			}
+			switch {
+			case u.Scheme == "unix":
+			case u.Scheme == "dynamodb":
+				ports = append(ports, 443)
+			case u.Port() == "":
+				ports = append(ports, 6379)
+			default:
+				n, err := strconv.Atoi(u.Port())
+				if err != nil {
+					t.Fatalf("--global-store %s: %v", v, err)
+				}
+				ports = append(ports, n)
+			}
+		}
+	}
+	return ports
 }
