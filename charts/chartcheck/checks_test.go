@@ -253,11 +253,11 @@ func checkSelectorsAndPorts(t *testing.T, m manifests) {
 		if !dns {
 			t.Errorf("NetworkPolicy %s lets no DNS out: the pods could not find their store", np.Name)
 		}
-		for _, port := range syncStorePorts(t, m) {
+		for _, port := range storePorts(t, m) {
 			if !slices.ContainsFunc(np.Spec.Egress, func(r networkingv1.NetworkPolicyEgressRule) bool {
 				return slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port != nil && p.Port.IntValue() == port })
 			}) {
-				t.Errorf("NetworkPolicy %s keeps the sync from another region's store on port %d", np.Name, port)
+				t.Errorf("NetworkPolicy %s keeps the pods from a store they are given, on port %d", np.Name, port)
 			}
 		}
 	}
@@ -605,32 +605,44 @@ func decodeStrict(raw []byte, into any) error {
 	return nil
 }
 
-// syncStorePorts returns the ports of the other regions' stores the sync
-// is given (--global-store), which it must reach.
-func syncStorePorts(t *testing.T, m manifests) []int {
+// storePorts returns the ports of the stores the pods are told to reach:
+// the servers' and the sync's own (--redis-url, or DynamoDB's 443 with
+// --table) and the other regions' that the sync reads (--global-store).
+func storePorts(t *testing.T, m manifests) []int {
 	t.Helper()
 	var ports []int
 	for _, d := range all[*appsv1.Deployment](m) {
 		for _, a := range d.Spec.Template.Spec.Containers[0].Args {
-			v, ok := strings.CutPrefix(a, "--global-store=")
+			raw, ok := strings.CutPrefix(a, "--redis-url=")
+			if v, store := strings.CutPrefix(a, "--global-store="); store {
+				_, raw, ok = strings.Cut(v, "=")
+			}
+			if strings.HasPrefix(a, "--table=") {
+				raw, ok = "dynamodb://", true
+			}
 			if !ok {
 				continue
 			}
-			_, raw, _ := strings.Cut(v, "=")
 			u, err := url.Parse(raw)
 			if err != nil {
-				t.Fatalf("--global-store %s: %v", v, err)
+				t.Fatalf("%s: %v", a, err)
 			}
-			switch {
-			case u.Scheme == "unix":
-			case u.Scheme == "dynamodb":
+			hosts := append([]string{u.Host}, u.Query()["addr"]...) // Cluster seeds
+			switch u.Scheme {
+			case "unix":
+				continue
+			case "dynamodb":
 				ports = append(ports, 443)
-			case u.Port() == "":
-				ports = append(ports, 6379)
-			default:
-				n, err := strconv.Atoi(u.Port())
+				continue
+			}
+			for _, h := range hosts {
+				_, port, err := net.SplitHostPort(h)
 				if err != nil {
-					t.Fatalf("--global-store %s: %v", v, err)
+					port = "6379" // no port given
+				}
+				n, err := strconv.Atoi(port)
+				if err != nil {
+					t.Fatalf("%s: port %q: %v", a, port, err)
 				}
 				ports = append(ports, n)
 			}

@@ -231,3 +231,28 @@ address, its password file and TLS files, the key prefix.
   readOnly: true
 {{- end }}
 {{- end }}
+
+{{/*
+The TCP ports a store URL is reached on, as a JSON list: 443 for DynamoDB
+(and STS), a Redis URL's port (6379 when it has none) and those of its
+Cluster seeds (?addr=host:port), none for a unix socket. Sentinel's data
+nodes are not in the URL: give networkPolicy.storePorts for them.
+*/}}
+{{- define "sluice.storePorts" -}}
+{{- $ports := list }}
+{{- if hasPrefix "dynamodb://" . }}
+{{- $ports = list 443 }}
+{{- else if not (hasPrefix "unix://" .) }}
+{{- $u := urlParse . }}
+{{- $hosts := list $u.host }}
+{{- range splitList "&" $u.query }}
+{{- if hasPrefix "addr=" . }}
+{{- $hosts = append $hosts (trimPrefix "addr=" .) }}
+{{- end }}
+{{- end }}
+{{- range $hosts }}
+{{- $ports = append $ports (splitList ":" . | rest | first | default "6379" | int) }}
+{{- end }}
+{{- end }}
+{{- toJson $ports }}
+{{- end }}
