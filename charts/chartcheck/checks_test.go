@@ -253,11 +253,15 @@ func checkSelectorsAndPorts(t *testing.T, m manifests) {
 		if !dns {
 			t.Errorf("NetworkPolicy %s lets no DNS out: the pods could not find their store", np.Name)
 		}
-		for _, port := range storePorts(t, m) {
+		want := storePorts(t, m)
+		if addr, ok := flagValue(serverDeployment(t, m).Spec.Template.Spec.Containers[0].Args, "xds-server"); ok {
+			want = append(want, int(addrPort(t, addr)))
+		}
+		for _, port := range want {
 			if !slices.ContainsFunc(np.Spec.Egress, func(r networkingv1.NetworkPolicyEgressRule) bool {
 				return slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port != nil && p.Port.IntValue() == port })
 			}) {
-				t.Errorf("NetworkPolicy %s keeps the pods from a store they are given, on port %d", np.Name, port)
+				t.Errorf("NetworkPolicy %s keeps the pods from a store or xDS server they are given, on port %d", np.Name, port)
 			}
 		}
 	}
