@@ -159,6 +159,11 @@ func decode(t *testing.T, files map[string]string) manifests {
 			}
 			if hook := head.Metadata.Annotations["helm.sh/hook"]; hook != "" {
 				m.hooks[id] = strings.Split(hook, ",")
+				// Hooks are not release objects: without this the next
+				// install or upgrade fails on the one left behind.
+				if policy := head.Metadata.Annotations["helm.sh/hook-delete-policy"]; !slices.Contains(strings.Split(policy, ","), "before-hook-creation") {
+					t.Errorf("%s: hook %s has delete policy %q, without before-hook-creation", path, id, policy)
+				}
 			}
 			m.objects = append(m.objects, obj)
 		}
