@@ -19,10 +19,13 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluice ./cmd/sluice
 	CGO_ENABLED=0 $(GO) build -trimpath -o bin/sluice-bench ./cmd/sluice-bench
 
-## test: vet, then every test with the race detector, then make fuzz (fetches DynamoDB Local first)
+## test: vet, then every test with the race detector (the chart's module too), then make fuzz (fetches DynamoDB Local first)
+# charts/chartcheck is a module of its own (Helm's dependencies stay out of
+# the service's), which `./...` does not descend into.
 test: dynamodb-local
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	cd charts/chartcheck && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	@$(MAKE) --no-print-directory fuzz
 
 # How long `make fuzz` runs each fuzzer, and how long it may minimize a
