@@ -141,8 +141,8 @@ func (b Bucket) Violations(nowMs int64, skew time.Duration) []string {
 		switch {
 		case l.Period <= 0 || l.Amount < 0 || l.Burst < 0:
 			bad("limit %q: rate %d per %d ms, burst %d", l.Name, l.Amount, l.Period, l.Burst)
-		case s.Tokens < bucket.Floor(l) || s.Tokens > l.Burst:
-			bad("limit %q: %d millitokens, outside [floor %d, burst %d]", l.Name, s.Tokens, bucket.Floor(l), l.Burst)
+		case s.Tokens < bucket.Bottom(l, s) || s.Tokens > l.Burst:
+			bad("limit %q: %d millitokens, outside [floor %d, burst %d]", l.Name, s.Tokens, bucket.Bottom(l, s), l.Burst)
 		}
 		switch {
 		case s.Clock <= 0:

@@ -50,6 +50,11 @@ type Request struct {
 	// debt before anything is admitted again. The decision still says
 	// whether the limits held them. Ignored with Refund.
 	Charge bool
+	// Paid is, for a charge, what this replica's leases paid of it
+	// already, per limit (the entity's bucket's, then the parent's), in
+	// millitokens: the backend charges the rest (bucket.ChargeLess). Nil
+	// for nothing.
+	Paid []int64
 	// Global marks the limits of a rule marked global: the backend
 	// enforces its region's part of them (Global).
 	Global bool
@@ -98,7 +103,7 @@ func Apply(req *Request, limits []bucket.Limit, states []bucket.State, now int64
 		bucket.Refund(limits, states, req.Hits, now, results)
 		return results, true
 	case req.Charge:
-		return results, bucket.Charge(limits, states, req.Hits, now, results)
+		return results, bucket.ChargeLess(limits, states, req.Hits, req.Paid, now, results)
 	}
 	return results, bucket.Decide(limits, states, req.Hits, now, results)
 }

@@ -152,6 +152,91 @@ func (ls *Leases[K]) shared(bs []LeaseBucket[K], now int64) bool {
 	return false
 }
 
+// lockOrder is the order in which bs's holdings are locked (NewLeases'
+// less), so that two cascades over the same pair cannot deadlock.
+func (ls *Leases[K]) lockOrder(bs []LeaseBucket[K]) []int {
+	if len(bs) == 2 && ls.less(bs[1].Key, bs[0].Key) {
+		return []int{1, 0}
+	}
+	if len(bs) == 2 {
+		return []int{0, 1}
+	}
+	return []int{0}
+}
+
+// lockAll finds the holdings of bs (adding those missing when add is
+// set) and locks them in order; ok is false, with nothing locked, when
+// some bucket has none. A holding Due forgot meanwhile would keep what
+// the caller records, and its next grant, where nobody finds them: it is
+// looked up again.
+func (ls *Leases[K]) lockAll(bs []LeaseBucket[K], order []int, add bool) (hs [2]*holding, unlock func(), ok bool) {
+	for live := false; !live; {
+		for i := range bs {
+			if add {
+				hs[i] = ls.getOrAdd(bs[i].Key)
+			} else if hs[i] = ls.get(bs[i].Key); hs[i] == nil {
+				return hs, nil, false
+			}
+		}
+		for _, i := range order {
+			hs[i].mu.Lock()
+		}
+		live = !hs[0].gone && (len(bs) == 1 || !hs[1].gone)
+		if !live {
+			for _, i := range order {
+				hs[i].mu.Unlock()
+			}
+		}
+	}
+	return hs, func() {
+		for _, i := range order {
+			hs[i].mu.Unlock()
+		}
+	}, true
+}
+
+// Drain takes from the leases of bs what they hold toward a charge of
+// hits (backend.Request.Charge) that they could not pay whole (Spend
+// counted its demand): per limit of bs in order, the tokens taken, each
+// at most the charge's cost (nil when no lease holds any). The caller
+// charges the store the rest. A charge sent to the store whole would
+// leave a replica's lease to admit checks, which cost nothing, for as
+// long as the lease lasts, however deep the shared bucket is in debt.
+func (ls *Leases[K]) Drain(bs []LeaseBucket[K], hits uint64, now int64) []int64 {
+	hs, unlock, ok := ls.lockAll(bs, ls.lockOrder(bs), false)
+	if !ok {
+		return nil
+	}
+	defer unlock()
+	var paid []int64
+	total := 0
+	for i := range bs {
+		total += len(bs[i].Res.Limits)
+	}
+	off := 0
+	for i := range bs {
+		h, b := hs[i], &bs[i]
+		n := len(b.Res.Limits)
+		if h.matches(b.Res, b.FP) && now < h.expires {
+			for j, l := range b.Res.Limits {
+				take := min(max(h.tokens[j], 0), bucket.Cost(l, hits))
+				if take == 0 {
+					continue
+				}
+				if paid == nil {
+					paid = make([]int64, total)
+				}
+				h.tokens[j] -= take
+				paid[off+j] = take
+				ls.stats.LeaseOutstanding.Add(-take)
+			}
+			h.used = max(h.used, now)
+		}
+		off += n
+	}
+	return paid
+}
+
 // spendMode says who asks the leases to pay.
 type spendMode int
 
@@ -170,39 +255,12 @@ const (
 func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mode spendMode) (results []bucket.Result, renew []LeaseBucket[K], paid, outrun bool) {
 	arriving := mode == arrivingCall
 	tau, window := ls.Horizon(), ls.policy.WindowMs()
-	order := []int{0}
-	if len(bs) == 2 {
-		order = []int{0, 1}
-		if ls.less(bs[1].Key, bs[0].Key) {
-			order = []int{1, 0}
-		}
+	order := ls.lockOrder(bs)
+	hs, unlock, ok := ls.lockAll(bs, order, arriving)
+	if !ok {
+		return nil, nil, false, false
 	}
-	var hs [2]*holding
-	for live := false; !live; {
-		for i := range bs {
-			if arriving {
-				hs[i] = ls.getOrAdd(bs[i].Key)
-			} else if hs[i] = ls.get(bs[i].Key); hs[i] == nil {
-				return nil, nil, false, false
-			}
-		}
-		for _, i := range order {
-			hs[i].mu.Lock()
-		}
-		// A holding Due forgot meanwhile would keep the demand this
-		// call records, and its next grant, where nobody finds them.
-		live = !hs[0].gone && (len(bs) == 1 || !hs[1].gone)
-		if !live {
-			for _, i := range order {
-				hs[i].mu.Unlock()
-			}
-		}
-	}
-	defer func() {
-		for _, i := range order {
-			hs[i].mu.Unlock()
-		}
-	}()
+	defer unlock()
 	if arriving {
 		for i := range bs {
 			h := hs[i]

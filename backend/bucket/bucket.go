@@ -10,7 +10,7 @@ import (
 // The zero State is an empty bucket whose clock stands at the epoch; use
 // Full for a bucket that has never been seen.
 type State struct {
-	// Tokens held, in millitokens: Floor <= Tokens <= Burst after any
+	// Tokens held, in millitokens: Bottom <= Tokens <= Burst after any
 	// function of this package has touched the state. Below zero only
 	// after a charge of tokens already used (Charge): the limit is in
 	// debt, and refill repays it first.
@@ -53,6 +53,15 @@ func (s State) Leased() int64 {
 // hold, never below zero. Refill and refunds stop there.
 func Room(l Limit, s State) int64 {
 	return max(l.Burst-s.Leased(), 0)
+}
+
+// Bottom is the fewest tokens s may hold: l's Floor less what its leases
+// hold. A bucket and its leases together never go below the floor, as
+// they never hold more than the burst (Room): tokens out on lease may
+// still be spent, so a bucket at the floor with leases out would admit
+// on them and have its next charges forgiven.
+func Bottom(l Limit, s State) int64 {
+	return Floor(l) - s.Leased()
 }
 
 // Full is the state of a bucket seen for the first time at now.

@@ -240,3 +240,20 @@ func TestPropertyDebtKeepsTheBound(t *testing.T) {
 		}
 	}
 }
+
+// Tokens out on lease may still be spent, so the floor holds the bucket
+// and its leases together: with 300 out, a charge takes the bucket to
+// 300 below the floor, where bucket and leases stand at the floor.
+func TestFloorCountsLeasesOut(t *testing.T) {
+	l := lim(t, "tpm", "1000/min", 1000)
+	st := []State{Full(l, 0)}
+	st[0], _ = Lend(st[0], 7, 300*Milli, 0)
+	if got := Bottom(l, st[0]); got != -1300*Milli {
+		t.Fatalf("Bottom with 300 out of a floor of -1000: %d, want -1300000", got)
+	}
+	res := make([]Result, 1)
+	Charge([]Limit{l}, st, 5000, 0, res)
+	if st[0].Tokens != -1300*Milli || st[0].Tokens+st[0].Leased() != Floor(l) {
+		t.Fatalf("a charge beyond the floor with 300 out: %d millitokens in the bucket, want -1300000", st[0].Tokens)
+	}
+}

@@ -44,19 +44,39 @@ func Decide(limits []Limit, states []State, hits uint64, now int64, results []Re
 
 // Charge counts hits already used (tokens a response reported when it
 // ended): unlike Decide it consumes from every limit whatever the limit
-// holds, down to its Floor, the debt refill repays before the limit
+// holds, down to its Bottom (its floor, less what leases hold), the debt
+// refill repays before the limit
 // admits anything again. What the floor cuts off is not taken from the
 // tokens but still counts in Consumed, which is what was used. It reports
 // whether every limit held the tokens (what Decide would have answered),
 // and fills results as Decide does; a limit left at or below zero waits
 // until it is above zero again.
 func Charge(limits []Limit, states []State, hits uint64, now int64, results []Result) bool {
+	return ChargeLess(limits, states, hits, nil, now, results)
+}
+
+// ChargeLess is Charge less what was paid elsewhere: paid[i] millitokens
+// of limit i's cost (nil: nothing), taken already from a lease that held
+// some but not all of it. Those tokens left the bucket when the lease was
+// granted, and count as consumed there; the rest is charged here.
+func ChargeLess(limits []Limit, states []State, hits uint64, paid []int64, now int64, results []Result) bool {
 	allowed := judge(limits, states, hits, now, results)
+	if paid != nil {
+		allowed = true
+		for i := range results {
+			r := &results[i]
+			if i < len(paid) && paid[i] > 0 {
+				r.Cost = max(r.Cost-paid[i], 0)
+				r.Allowed = r.Cost == 0 || (states[i].Tokens >= r.Cost && states[i].Tokens > 0)
+			}
+			allowed = allowed && r.Allowed
+		}
+	}
 	for i, l := range limits {
 		r := &results[i]
 		if r.Cost > 0 {
 			s := &states[i]
-			s.Tokens = max(s.Tokens-r.Cost, min(Floor(l), s.Tokens))
+			s.Tokens = max(s.Tokens-r.Cost, min(Bottom(l, *s), s.Tokens))
 			s.Consumed = satAdd(s.Consumed, r.Cost)
 			s.AtRoomSince = 0
 		}
@@ -199,7 +219,7 @@ func Reconcile(old []Limit, states []State, limits []Limit, now int64) []State {
 			if room := Room(l, s); s.Tokens >= room {
 				s.Tokens, s.Clock = room, now
 			}
-			s.Tokens = max(s.Tokens, Floor(l))
+			s.Tokens = max(s.Tokens, Bottom(l, s))
 			next[i] = s
 			break
 		}

@@ -65,8 +65,8 @@ type Limit struct {
 // NoDebt is the Debt of a limit that never goes below zero.
 const NoDebt = int64(-1)
 
-// Floor is the fewest millitokens l may hold, zero or below: the lowest
-// a charge takes it (Limit.Debt).
+// Floor is how low l and its leases may go together, in millitokens,
+// zero or below: the lowest a charge takes them (Limit.Debt). See Bottom.
 func Floor(l Limit) int64 {
 	switch {
 	case l.Debt < 0:

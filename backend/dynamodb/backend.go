@@ -469,6 +469,16 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 	// for want of time: it waits for its write (ratelimit gives it a
 	// deadline of its own), since what it counts was used already.
 	charge := req.Charge && !req.Refund
+	if leased && charge && req.Hits > 0 {
+		// What the lease holds goes into the charge, the table gets
+		// the rest: sent whole, it would leave the lease to pass checks
+		// however deep in debt the bucket is.
+		if paid := b.leases.Drain(leasedAll(ts), req.Hits, b.now()); paid != nil {
+			rq := *req
+			rq.Paid = paid
+			req = &rq
+		}
+	}
 	if leased && req.Hits > 0 && !charge && b.beyondReach(ctx) {
 		// No write can be back before this call's deadline: waiting for
 		// one would only answer it late. It is answered now, and the

@@ -123,10 +123,11 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 		}
 		now := b.now()
 		write, needView := decideCalls(ts, live, now)
-		if (needView && !b.recentEnough(ts, now)) || (write && b.readFirst(ts, live, now)) {
+		if (needView && !b.recentEnough(ts, now)) || (write && b.readFirst(ts, live, now)) || b.passedOnOld(ts, live) {
 			// Decided on a view too old to trust for a denial (a refund or
-			// a raised limit elsewhere), or for a bulk take's write on a
-			// bucket others write: ask the table.
+			// a raised limit elsewhere), for a bulk take's write on a
+			// bucket others write, or for a check that passed on a view
+			// others may have spent since: ask the table.
 			if err := b.refresh(ctx, ts); err != nil {
 				b.unfold(ts, fold, true) // nothing written yet
 				fail(live, err)
@@ -143,7 +144,7 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 		// (and, at worst, fails) only the calls it would admit.
 		n := 0
 		for _, c := range live {
-			if c.kind != decide || (c.allowed && c.req.Hits > 0) {
+			if c.kind != decide || (c.req.Hits > 0 && (c.allowed || (c.req.Charge && !c.req.Refund))) {
 				live[n] = c
 				n++
 				continue
@@ -185,7 +186,19 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 			fail(live, errLimitsChanged)
 			return
 		}
-		if b.leases != nil && attempt >= contendedAttempts && attempt < b.opts.MaxAttempts && nearLimit(ts, now) {
+		contendedNow := b.leases != nil && attempt >= contendedAttempts && attempt < b.opts.MaxAttempts && nearLimit(ts, now)
+		if (contendedNow || attempt >= b.opts.MaxAttempts) && attempt < chargeAttempts && b.keepCharging(ts, live, now) {
+			// The charges among the calls are retried until they land
+			// (what they count was used already); the others have been
+			// answered as they would have been without them.
+			if err := sleep(ctx, backoff(attempt-1)); err != nil {
+				b.unfold(ts, fold, true)
+				fail(live, fmt.Errorf("bucket %q/%q: %w", ts[0].key.entity, ts[0].key.resource, err))
+				return
+			}
+			continue
+		}
+		if contendedNow {
 			// With leases, a batch is calls that queued behind a write, and
 			// near the limit the other replicas' writes, one a round trip
 			// each, take the refill before every retry of it lands: the
@@ -446,6 +459,35 @@ func nearLimit(ts []target, now int64) bool {
 // near the limit: other replicas got the last tokens first.
 // Each is denied, with the time its cost takes to refill as the wait:
 // the fleet stays within its bound, and every call gets a decision.
+// chargeAttempts bounds the writes a batch makes for a charge that keeps
+// losing races (its deadline bounds them too).
+const chargeAttempts = 64
+
+// keepCharging answers the calls a contended batch (or one out of
+// attempts) would give up on, all but its charges (backend.Request.
+// Charge), and reports whether charges are left to write: a charge is
+// never denied nor dropped for contention. The others are denied near
+// the limit, as contended would, and failed otherwise.
+func (b *Backend) keepCharging(ts []target, calls []*call, now int64) bool {
+	if !slices.ContainsFunc(calls, func(c *call) bool { return c.kind == decide && c.req.Charge && !c.req.Refund }) {
+		return false
+	}
+	near := nearLimit(ts, now)
+	for _, c := range calls {
+		if c.kind != decide || (c.req.Charge && !c.req.Refund) {
+			continue
+		}
+		if near {
+			c.deny()
+			b.stats.Contended.Add(1)
+		} else {
+			c.err = fmt.Errorf("bucket %q/%q: gave up after contended writes", ts[0].key.entity, ts[0].key.resource)
+		}
+		c.finish()
+	}
+	return true
+}
+
 func (b *Backend) contended(ts []target, calls []*call, now int64) {
 	for _, c := range calls {
 		if c.kind == decide {
@@ -491,8 +533,14 @@ func (b *Backend) written(ts []target, calls []*call, now int64, wrote bool) {
 					continue
 				}
 				r := &c.results[off+j]
-				r.Tokens = min(max(r.Tokens+shift, 0), l.Burst)
-				r.Wait = bucket.Wait(l, bucket.State{Tokens: r.Tokens, Clock: table.Clock}, l.Burst, now)
+				r.Tokens = min(max(r.Tokens+shift, min(r.Tokens, 0)), l.Burst)
+				st := bucket.State{Tokens: r.Tokens, Clock: table.Clock}
+				if c.req.Charge && !c.req.Refund && r.Tokens <= 0 {
+					// In debt after a charge: until it is above zero.
+					r.Wait = bucket.Wait(l, st, 1, now)
+				} else {
+					r.Wait = bucket.Wait(l, st, l.Burst, now)
+				}
 			}
 		}
 		off += len(ts[i].res.Limits)
@@ -502,7 +550,7 @@ func (b *Backend) written(ts []target, calls []*call, now int64, wrote bool) {
 		if c.kind == decide {
 			decided++
 		}
-		if !c.finish() && b.leases != nil && c.kind == decide && c.allowed && !c.req.Refund {
+		if !c.finish() && b.leases != nil && c.kind == decide && c.allowed && !c.req.Refund && !c.req.Charge {
 			// The write took the call's tokens after its caller had
 			// stopped waiting: nobody spent them, and they are lost.
 			costs := make([]int64, len(c.results))
@@ -623,6 +671,30 @@ func fail(calls []*call, err error) {
 		c.err = err
 		c.finish()
 	}
+}
+
+// passedOnOld reports whether a check among calls passed on a view of
+// ts the table did not give during this batch, where other replicas may
+// have written since (they were seen to lately, or this replica has no
+// leases to tell). A gateway that charges after the response forwards a
+// request on a check that passes: passed on a refilled view while others
+// charged the bucket into debt, checks would let requests through
+// without bound. A check denied on such a view stands (others only take
+// tokens), and one on a bucket this replica alone writes is exact.
+func (b *Backend) passedOnOld(ts []target, calls []*call) bool {
+	passed := false
+	for _, c := range calls {
+		passed = passed || (c.kind == decide && c.allowed && c.req.Hits == 0 && !c.req.Refund)
+	}
+	if !passed {
+		return false
+	}
+	for i := range ts {
+		if !ts[i].fresh && (ts[i].shared || b.leases == nil) {
+			return true
+		}
+	}
+	return false
 }
 
 // decideCalls plans every target at now and decides the calls in order,

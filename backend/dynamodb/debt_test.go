@@ -2,8 +2,11 @@ package dynamodb
 
 import (
 	"testing"
+	"time"
 
+	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/backendtest"
+	"github.com/sluice-rl/sluice/backend/bucket"
 )
 
 // Charges after the response land beyond what is left, into debt, on
@@ -24,4 +27,30 @@ func TestChargesLandInDebt(t *testing.T) {
 			backendtest.ChargesLandInDebt(t, e.replica(t, c.opts), e.admin(t, c.opts.KeyPrefix).GetBucket)
 		})
 	}
+}
+
+// Twenty gateway callers over three replicas 5 ms from the table each
+// check, wait while the model answers and charge 100 tokens: what the
+// admitted requests use stays within B + R*T and the requests in
+// flight (backendtest.ChargeStorm), with leases on, and the table counts
+// every charge. Before a charge that did not fit was kept in its batch's
+// write, half the charges were answered and never written (80 admitted
+// where 60 could be, 4,000 consumed for 8,000 charged).
+func TestChargesHoldTheBound(t *testing.T) {
+	e := newEnv(t)
+	now := func() int64 { return time.Now().UnixMilli() }
+	var ds []backendtest.Decider
+	for range 3 {
+		ds = append(ds, e.replica(t, Options{Now: now, KeyPrefix: "storm"}, slowWrites{e.client, 5 * time.Millisecond}))
+	}
+	l := lim(t, "tpm", "1000/s", 1000)
+	l.Debt = 3000 * bucket.Milli
+	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 3 * time.Second}
+	r := backendtest.ChargeStorm(ds, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
+	r.HoldsTheBound(t, l, load)
+	bk, ok, err := e.admin(t, "storm").GetBucket(t.Context(), "tenant", "chat")
+	if err != nil || !ok {
+		t.Fatalf("reading the bucket: found %v, %v", ok, err)
+	}
+	r.Counted(t, bk.States[0].Consumed, load)
 }

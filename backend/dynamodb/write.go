@@ -248,7 +248,7 @@ func (t *target) lowest(l bucket.Limit, next bucket.State) int64 {
 	case !t.charged:
 		return 0
 	case !t.admitted:
-		return bucket.Floor(l)
+		return bucket.Bottom(l, next)
 	}
 	return min(next.Tokens, 0)
 }

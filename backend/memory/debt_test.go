@@ -2,11 +2,30 @@ package memory
 
 import (
 	"testing"
+	"time"
 
+	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/backendtest"
+	"github.com/sluice-rl/sluice/backend/bucket"
 )
 
 func TestChargesLandInDebt(t *testing.T) {
 	b, _ := newTestBackend(t, Options{})
 	backendtest.ChargesLandInDebt(t, b, nil)
+}
+
+// Twenty gateway callers each check, wait while the model answers and
+// charge 100 tokens, far more than the limit's rate: what the admitted
+// requests use stays within B + R*T and the requests in flight, on a
+// limit whose debt can hold what those in flight use (with the default
+// of one burst, 1,000 here, the floor forgave up to 1,000 of the 2,000
+// they could use, and 69 requests were admitted where 60 could be).
+func TestChargesHoldTheBound(t *testing.T) {
+	b := New(Options{SweepInterval: -1})
+	t.Cleanup(func() { b.Close() })
+	l := limit(t, "tpm=1000/s:1000")
+	l.Debt = 2000 * bucket.Milli
+	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 3 * time.Second}
+	r := backendtest.ChargeStorm([]backendtest.Decider{b}, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
+	r.HoldsTheBound(t, l, load)
 }

@@ -454,10 +454,14 @@ func sameBuckets(a, b []scriptBucket) bool {
 // costs appends to out what req costs each of limits, or for a refund
 // what it gives back.
 func costs(req *backend.Request, limits []bucket.Limit, out []int64) []int64 {
-	for _, l := range limits {
-		if req.Refund {
+	for i, l := range limits {
+		switch {
+		case req.Refund:
 			out = append(out, bucket.RefundAmount(l, req.Hits))
-		} else {
+		case req.Charge && i < len(req.Paid):
+			// What this replica's lease paid of a charge already.
+			out = append(out, max(bucket.Cost(l, req.Hits)-req.Paid[i], 0))
+		default:
 			out = append(out, bucket.Cost(l, req.Hits))
 		}
 	}

@@ -4,7 +4,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/backendtest"
+	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
 )
 
@@ -26,4 +28,29 @@ func TestChargesLandInDebt(t *testing.T) {
 			backendtest.ChargesLandInDebt(t, newBackend(t, client, c.opts), newAdmin(t, client, c.opts.KeyPrefix, nil).GetBucket)
 		})
 	}
+}
+
+// Twenty gateway callers over three replicas 5 ms from Redis each check,
+// wait while the model answers and charge 100 tokens: what the admitted
+// requests use stays within B + R*T and the requests in flight
+// (backendtest.ChargeStorm), with leases on, and Redis counts every
+// charge. A charge a lease could not pay whole takes what the lease held
+// (Leases.Drain): sent whole to Redis, it left the lease to pass checks
+// while the bucket was in debt (80 admitted where 60 could be).
+func TestChargesHoldTheBound(t *testing.T) {
+	srv := redistest.Require(t)
+	var ds []backendtest.Decider
+	client := newClient(t, srv)
+	for range 3 {
+		ds = append(ds, newBackend(t, newClient(t, srv), Options{KeyPrefix: "storm", LeaseHorizon: 30 * time.Second, Call: farCall(5 * time.Millisecond)}))
+	}
+	l := bucket.Limit{Name: "tpm", Amount: 1000 * bucket.Milli, Period: bucket.Second, Burst: 1000 * bucket.Milli, Debt: 3000 * bucket.Milli}
+	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 3 * time.Second}
+	r := backendtest.ChargeStorm(ds, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
+	r.HoldsTheBound(t, l, load)
+	bk, ok, err := newAdmin(t, client, "storm", nil).GetBucket(t.Context(), "tenant", "chat")
+	if err != nil || !ok {
+		t.Fatalf("reading the bucket: found %v, %v", ok, err)
+	}
+	r.Counted(t, bk.States[0].Consumed, load)
 }

@@ -151,7 +151,8 @@ end
 -- its floor, and counts the whole cost as consumed (bucket.Charge).
 local function charge(j, cost)
   local tk = tks[j]
-  local left, low = tk - cost, lims[j].floor
+  -- bucket.Bottom: the floor less what leases hold.
+  local left, low = tk - cost, lims[j].floor - outsum[j]
   if tk < low then low = tk end
   if left < low then left = low end
   take(j, cost)
@@ -327,7 +328,7 @@ local function group(now, width, layouts, at, key)
           tk, rf = refill(dt, da, room, tk, rf, now)
           -- bucket.Reconcile: a debt the new limit does not allow is
           -- forgiven.
-          if tk < l.floor then tk = l.floor end
+          if tk < l.floor - outsum[j] then tk = l.floor - outsum[j] end
         else
           tk = nil
           readOut(j, nil)

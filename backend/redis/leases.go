@@ -84,6 +84,16 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 				Binding: bucket.Binding(limits, results), Level: level}, nil
 		}
 	}
+	if charge && req.Hits > 0 {
+		// What the lease holds goes into the charge, Redis gets the
+		// rest: sent whole, it would leave the lease to pass checks
+		// however deep in debt the bucket is.
+		if paid := b.leases.Drain(lbs, req.Hits, now); paid != nil {
+			rq := *req
+			rq.Paid = paid
+			req = &rq
+		}
+	}
 	if paying {
 		if results, denied := b.leases.DenyFromView(lbs, req.Hits, now, maxDenyAge); denied {
 			// Denials stay local: a bucket seen unable to pay, a moment

@@ -1,0 +1,137 @@
+package backendtest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
+)
+
+// ChargeLoad is a gateway's traffic on one tenant's token limit: Clients
+// callers, each checking (zero hits) before it forwards a request,
+// waiting Think while the model answers, then charging Tokens, the
+// tokens the response used, as the gateway does when the stream ends.
+// A caller denied at its check waits Backoff and checks again.
+type ChargeLoad struct {
+	Clients int
+	Tokens  uint64
+	Think   time.Duration
+	Backoff time.Duration
+	Run     time.Duration
+	// Deadline is each call's, as Envoy's filter timeout (0: 1 s).
+	Deadline time.Duration
+}
+
+// ChargeResult is what a ChargeLoad did.
+type ChargeResult struct {
+	Admitted int64         // checks that passed: requests forwarded
+	Denied   int64         // checks denied
+	Failed   int64         // checks or charges that failed
+	Charged  int64         // charges answered, every one of Tokens
+	Elapsed  time.Duration // from the first check to the last charge's answer
+}
+
+// Used is the tokens the admitted requests used.
+func (r ChargeResult) Used(l ChargeLoad) int64 { return r.Admitted * int64(l.Tokens) }
+
+func (r ChargeResult) String() string {
+	return fmt.Sprintf("%d admitted, %d denied, %d failed, %d charged in %v",
+		r.Admitted, r.Denied, r.Failed, r.Charged, r.Elapsed.Round(time.Millisecond))
+}
+
+// Bound is what the load's admitted requests may use at most on limit l
+// over the run: B + R*T, and each request in flight at any moment can
+// overshoot by its own tokens, no more (Clients of them).
+func (r ChargeResult) Bound(l bucket.Limit, load ChargeLoad) (bound, reachable float64) {
+	reachable = float64(l.Burst)/bucket.Milli + float64(l.Amount)/bucket.Milli*r.Elapsed.Seconds()*1000/float64(l.Period)
+	return reachable + float64(load.Clients)*float64(load.Tokens), reachable
+}
+
+// ChargeStorm runs load on req's bucket over ds, each caller on the
+// replica of its number (ds[i%len(ds)]).
+func ChargeStorm(ds []Decider, req backend.Request, load ChargeLoad) ChargeResult {
+	deadline := load.Deadline
+	if deadline <= 0 {
+		deadline = time.Second
+	}
+	var admitted, denied, failed, charged atomic.Int64
+	start := time.Now()
+	stop := start.Add(load.Run)
+	var wg sync.WaitGroup
+	for i := range load.Clients {
+		d := ds[i%len(ds)]
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				check := req
+				check.Hits, check.Charge = 0, false
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				dec, err := d.Decide(ctx, &check)
+				cancel()
+				switch {
+				case err != nil:
+					failed.Add(1)
+					time.Sleep(load.Backoff)
+					continue
+				case !dec.Allowed:
+					denied.Add(1)
+					time.Sleep(load.Backoff)
+					continue
+				}
+				admitted.Add(1)
+				time.Sleep(load.Think)
+				charge := req
+				charge.Hits, charge.Charge = load.Tokens, true
+				// A charge is not bound by Envoy's deadline (ratelimit
+				// gives it a deadline of its own).
+				ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+				_, err = d.Decide(ctx, &charge)
+				cancel()
+				if err != nil {
+					failed.Add(1)
+				} else {
+					charged.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return ChargeResult{Admitted: admitted.Load(), Denied: denied.Load(), Failed: failed.Load(),
+		Charged: charged.Load(), Elapsed: time.Since(start)}
+}
+
+// HoldsTheBound fails t unless what r's admitted requests used on l lies
+// within [0.8, 1] of Bound, with its overshoot: the bound held by
+// counting every charge, and not by refusing what the limit had.
+func (r ChargeResult) HoldsTheBound(t testing.TB, l bucket.Limit, load ChargeLoad) {
+	t.Helper()
+	bound, reachable := r.Bound(l, load)
+	used := float64(r.Used(load))
+	t.Logf("%s: %.0f tokens used by admitted requests; B + R*T = %.0f (%.3f of it), bound with %d in flight %.0f",
+		r, used, reachable, used/reachable, load.Clients, bound)
+	if used > bound {
+		t.Errorf("admitted requests used %.0f tokens, over B + R*T + K*N = %.0f", used, bound)
+	}
+	if used < 0.8*reachable {
+		t.Errorf("admitted requests used %.0f tokens, below 0.8 of B + R*T = %.0f", used, reachable)
+	}
+	if r.Failed > 0 {
+		t.Errorf("%d checks or charges failed", r.Failed)
+	}
+}
+
+// Counted fails t unless consumed, a bucket's total consumed as its store
+// keeps it (millitokens), holds every charge r's callers were answered
+// for: a charge answered and not written would be tokens used without
+// a trace. Leases count what they take when they take it, so consumed
+// may be more.
+func (r ChargeResult) Counted(t testing.TB, consumed int64, load ChargeLoad) {
+	t.Helper()
+	if want := r.Charged * int64(load.Tokens) * bucket.Milli; consumed < want {
+		t.Errorf("the bucket counts %d millitokens consumed, fewer than the %d charges answered (%d)", consumed, r.Charged, want)
+	}
+}
