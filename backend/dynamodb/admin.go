@@ -20,6 +20,7 @@ type AdminAPI interface {
 	GetItem(context.Context, *dynamodb.GetItemInput, ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
 	PutItem(context.Context, *dynamodb.PutItemInput, ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
 	DeleteItem(context.Context, *dynamodb.DeleteItemInput, ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
+	UpdateItem(context.Context, *dynamodb.UpdateItemInput, ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
 	Query(context.Context, *dynamodb.QueryInput, ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error)
 	Scan(context.Context, *dynamodb.ScanInput, ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error)
 	BatchGetItem(context.Context, *dynamodb.BatchGetItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
@@ -27,7 +28,8 @@ type AdminAPI interface {
 }
 
 // Admin reads and writes what operators manage in the table: config
-// records at every level, entities' META items, and (read-only) buckets.
+// records at every level, entities' META items, and buckets (read, and
+// reset).
 // It keeps no cache and reads with strong consistency, so it always shows
 // the table as it is; a running Sluice sees a change within its config
 // cache TTL, and a bucket takes changed limits on its next write. An Admin

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/bucket"
 )
 
 // metaItem is the META item of e.
@@ -156,6 +158,64 @@ func (a *Admin) GetBucket(ctx context.Context, entity, resource string) (backend
 		return backend.Bucket{}, false, nil
 	}
 	return backend.Bucket{Entity: entity, Resource: resource, Cfg: it.cfg, TTL: it.ttl, Limits: it.limits, States: it.states}, true, nil
+}
+
+// ResetBucket makes the bucket of entity for resource full again, as a
+// bucket seen for the first time: every limit (limit empty: the item is
+// deleted) or the one named limit (its attributes are removed; the next
+// decision finds it missing and writes it full, beside the others as
+// they were). It returns the bucket as it was, and false when there was
+// none. Tokens replicas hold on lease stay theirs, and are spent on top
+// of the full bucket.
+func (a *Admin) ResetBucket(ctx context.Context, entity, resource, limit string) (backend.Bucket, bool, error) {
+	b, ok, err := a.GetBucket(ctx, entity, resource)
+	if err != nil || !ok {
+		return b, ok, err
+	}
+	key := map[string]types.AttributeValue{attrPK: str(a.keys.EntityPK(entity)), attrSK: str(a.keys.BucketSK(resource))}
+	if limit == "" {
+		if _, err := a.api.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: aws.String(a.table), Key: key}); err != nil {
+			return b, true, fmt.Errorf("resetting bucket %q/%q: %w", entity, resource, err)
+		}
+		return b, true, nil
+	}
+	if !slices.ContainsFunc(b.Limits, func(l bucket.Limit) bool { return l.Name == limit }) {
+		return b, true, fmt.Errorf("bucket %q/%q has no limit %q (it has %s)", entity, resource, limit, limitNames(b.Limits))
+	}
+	out, err := a.api.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(a.table), Key: key, ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return b, true, fmt.Errorf("reading bucket %q/%q: %w", entity, resource, err)
+	}
+	e := newExpr()
+	prefix := bucketPrefix + limit + "_"
+	for attr := range out.Item {
+		if rest, ok := strings.CutPrefix(attr, prefix); ok && !strings.Contains(rest, "_") {
+			e.removeAttr(attr)
+		}
+	}
+	if len(e.remove) == 0 {
+		return b, true, nil
+	}
+	e.when("attribute_exists(%n)", []string{attrPK}, nil)
+	_, err = a.api.UpdateItem(ctx, &dynamodb.UpdateItemInput{TableName: aws.String(a.table), Key: key,
+		UpdateExpression: e.update(), ConditionExpression: e.condition(), ExpressionAttributeNames: e.names})
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		return b, true, nil // deleted meanwhile: as full as a reset makes it
+	}
+	if err != nil {
+		return b, true, fmt.Errorf("resetting limit %q of bucket %q/%q: %w", limit, entity, resource, err)
+	}
+	return b, true, nil
+}
+
+// limitNames lists the names of limits, for a message.
+func limitNames(limits []bucket.Limit) string {
+	names := make([]string, len(limits))
+	for i, l := range limits {
+		names[i] = l.Name
+	}
+	return strings.Join(names, ", ")
 }
 
 // Buckets calls fn for every bucket of resource, through GSI2, page by

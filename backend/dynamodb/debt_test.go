@@ -54,3 +54,9 @@ func TestChargesHoldTheBound(t *testing.T) {
 	}
 	r.Counted(t, bk.States[0].Consumed, load)
 }
+
+// sluice buckets reset on DynamoDB Local (backendtest.ResetsBuckets).
+func TestResetBucket(t *testing.T) {
+	e := newEnv(t)
+	backendtest.ResetsBuckets(t, e.replica(t, Options{KeyPrefix: "reset", LeaseHorizon: -1}), e.admin(t, "reset").ResetBucket)
+}

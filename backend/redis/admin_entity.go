@@ -310,33 +310,93 @@ func lastWrite(b backend.Bucket) int64 {
 // the keyspace), and of several (left behind by a change of parent, until
 // they expire) takes the one written last.
 func (a *Admin) GetBucket(ctx context.Context, entity, resource string) (backend.Bucket, bool, error) {
+	keys, found, err := a.bucketKeys(ctx, entity, resource)
+	if err != nil || len(keys) == 0 {
+		return backend.Bucket{}, false, err
+	}
+	return found, true, nil
+}
+
+// bucketKeys finds the hashes that hold the bucket of entity for
+// resource: under the hash tag of its top entity now and, when none is
+// there, under any (its chain of parents changed since it was written).
+// found is the one last written.
+func (a *Admin) bucketKeys(ctx context.Context, entity, resource string) (keys []string, found backend.Bucket, err error) {
 	top, err := a.top(ctx, entity)
 	if err != nil {
-		return backend.Bucket{}, false, fmt.Errorf("bucket %q/%q: %w", entity, resource, err)
+		return nil, found, fmt.Errorf("bucket %q/%q: %w", entity, resource, err)
 	}
-	var found backend.Bucket
-	ok := false
-	keep := func(_ string, b backend.Bucket) error {
-		if !ok || lastWrite(b) > lastWrite(found) {
-			found, ok = b, true
+	keep := func(k string, b backend.Bucket) error {
+		if len(keys) == 0 || lastWrite(b) > lastWrite(found) {
+			found = b
 		}
+		keys = append(keys, k)
 		return nil
 	}
 	if err := a.readBuckets(ctx, []string{a.keys.Bucket(entity, resource, top)}, keep); err != nil {
-		return backend.Bucket{}, false, fmt.Errorf("bucket %q/%q: %w", entity, resource, err)
+		return nil, found, fmt.Errorf("bucket %q/%q: %w", entity, resource, err)
 	}
-	if !ok {
+	if len(keys) == 0 {
 		pattern := a.keys.base() + ":b:{*}:" + globEscape(seg(entity)) + ":" + globEscape(seg(resource))
-		err := a.scan(ctx, pattern, func(keys []string) error { return a.readBuckets(ctx, keys, keep) })
+		err := a.scan(ctx, pattern, func(ks []string) error { return a.readBuckets(ctx, ks, keep) })
 		if err != nil {
-			return backend.Bucket{}, false, fmt.Errorf("bucket %q/%q: %w", entity, resource, err)
+			return nil, found, fmt.Errorf("bucket %q/%q: %w", entity, resource, err)
 		}
 	}
-	if !ok {
-		return backend.Bucket{}, false, nil
-	}
 	found.Entity, found.Resource = entity, resource
-	return found, true, nil
+	return keys, found, nil
+}
+
+// ResetBucket makes the bucket of entity for resource full again, as a
+// bucket seen for the first time: every limit (limit empty: its hash is
+// deleted) or the one named limit (its fields are deleted; the next run
+// of the decision script finds it missing and writes it full, beside the
+// others as they were). It returns the bucket as it was, and false when
+// there was none. Tokens replicas hold on lease stay theirs, and are
+// spent on top of the full bucket.
+func (a *Admin) ResetBucket(ctx context.Context, entity, resource, limit string) (backend.Bucket, bool, error) {
+	keys, b, err := a.bucketKeys(ctx, entity, resource)
+	if err != nil || len(keys) == 0 {
+		return b, false, err
+	}
+	if limit != "" && !slices.ContainsFunc(b.Limits, func(l bucket.Limit) bool { return l.Name == limit }) {
+		names := make([]string, len(b.Limits))
+		for i, l := range b.Limits {
+			names[i] = l.Name
+		}
+		return b, true, fmt.Errorf("bucket %q/%q has no limit %q (it has %s)", entity, resource, limit, strings.Join(names, ", "))
+	}
+	for _, k := range keys {
+		if limit == "" {
+			if err := a.client.Do(ctx, a.client.B().Del().Key(k).Build()).Error(); err != nil {
+				return b, true, fmt.Errorf("resetting bucket %q/%q: %w", entity, resource, err)
+			}
+			continue
+		}
+		fields, err := a.client.Do(ctx, a.client.B().Hkeys().Key(k).Build()).AsStrSlice()
+		if err != nil {
+			return b, true, fmt.Errorf("reading bucket %q/%q: %w", entity, resource, err)
+		}
+		var drop []string
+		for _, f := range fields {
+			if rest, ok := strings.CutPrefix(f, bucketPrefix+limit+"_"); ok && !strings.Contains(rest, "_") {
+				drop = append(drop, f)
+			}
+		}
+		if len(drop) == 0 {
+			continue
+		}
+		// A cfg no limits have makes the next run rewrite the limits'
+		// fields, the reset one's among them, from the stored ones.
+		cmds := rueidis.Commands{a.client.B().Hdel().Key(k).Field(drop...).Build(),
+			a.client.B().Hset().Key(k).FieldValue().FieldValue(fieldCfg, "reset").Build()}
+		for _, r := range a.client.DoMulti(ctx, cmds...) {
+			if err := r.Error(); err != nil {
+				return b, true, fmt.Errorf("resetting limit %q of bucket %q/%q: %w", limit, entity, resource, err)
+			}
+		}
+	}
+	return b, true, nil
 }
 
 // Buckets calls fn for every bucket of resource, found by a SCAN of every

@@ -54,3 +54,10 @@ func TestChargesHoldTheBound(t *testing.T) {
 	}
 	r.Counted(t, bk.States[0].Consumed, load)
 }
+
+// sluice buckets reset on a real Redis (backendtest.ResetsBuckets).
+func TestResetBucket(t *testing.T) {
+	srv := redistest.Require(t)
+	client := newClient(t, srv)
+	backendtest.ResetsBuckets(t, newBackend(t, client, Options{KeyPrefix: "reset", LeaseHorizon: -1}), newAdmin(t, client, "reset", nil).ResetBucket)
+}

@@ -40,6 +40,7 @@ type adminStore interface {
 	DeleteEntity(ctx context.Context, entity string) (int, error)
 
 	GetBucket(ctx context.Context, entity, resource string) (backend.Bucket, bool, error)
+	ResetBucket(ctx context.Context, entity, resource, limit string) (backend.Bucket, bool, error)
 	Effective(ctx context.Context, entity, resource string) (backend.Resolved, error)
 	Buckets(ctx context.Context, resource string, fn func(backend.BucketRef) error) error
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -366,6 +367,15 @@ func testOperatorRoundTrip(t *testing.T, tb opStore) {
 	if out := check("k2"); !strings.Contains(out, "3/minute (rpm)") {
 		t.Errorf("k2: %s", out)
 	}
+	// A reset makes k2's bucket full again, and says what it held: its
+	// next request leaves 2 of 3, where it would have left 1.
+	out = tb.run(t, 0, "buckets", "reset", "--entity", "k2", "--resource", "chat")
+	contains(t, "buckets reset", out, "reset the bucket of entity k2 for resource chat", "rpm    3/min  3      2")
+	if out := check("k2"); !regexp.MustCompile(`3/minute \(rpm\) +2 `).MatchString(out) {
+		t.Errorf("k2 after its reset: %s", out)
+	}
+	tb.run(t, 1, "buckets", "reset", "--entity", "k3", "--resource", "chat")
+	tb.run(t, 2, "buckets", "reset", "--entity", "k2")
 	out = tb.run(t, 0, "buckets", "list", "--resource", "chat")
 	contains(t, "buckets list", out, "ENTITY", "k1", "k2")
 	out = tb.run(t, 0, "buckets", "list", "--resource", "chat", "--limit", "1", "-o", "json")

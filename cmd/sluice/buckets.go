@@ -18,13 +18,14 @@ func newBucketsCommand() *cobra.Command {
 		Use:   "buckets",
 		Short: "Look at token buckets as the table (or Redis) holds them",
 		Long: `A bucket is one entity's state for one resource: for each of its limits the
-tokens left at its refill clock. These commands only read; a bucket changes
-when Sluice decides on it.`,
+tokens left at its refill clock. get and list only read; a bucket changes when
+Sluice decides on it, or when reset makes it full again.`,
 		Example: `  export SLUICE_TABLE=sluice
   sluice buckets get --entity acme --resource chat
-  sluice buckets list --resource chat --limit 20`,
+  sluice buckets list --resource chat --limit 20
+  sluice buckets reset --entity acme --resource chat --limit tpm`,
 	},
-		newBucketsGetCommand, newBucketsListCommand)
+		newBucketsGetCommand, newBucketsListCommand, newBucketsResetCommand)
 }
 
 // bucketLimitOut is one limit of a bucket in json and yaml.
@@ -126,6 +127,60 @@ func newBucketsGetCommand(o *adminOptions) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&entity, "entity", "", "the entity (required)")
 	cmd.Flags().StringVar(&resource, "resource", "", "the resource (required)")
+	return cmd
+}
+
+func newBucketsResetCommand(o *adminOptions) *cobra.Command {
+	var entity, resource, limit string
+	cmd := &cobra.Command{
+		Use:   "reset --entity E --resource R [--limit NAME]",
+		Short: "Make a bucket full again: every limit, or the one named",
+		Long: `Make the bucket of one entity for one resource full again, as a bucket seen for
+the first time: every limit, or with --limit only that one (the others stay as
+they are). Debt is forgiven and the consumed totals of what is reset start
+again. Both --entity and --resource are required, exactly: a reset never
+reaches more than one bucket. Tokens that replicas hold on lease stay theirs.
+Prints what the bucket held before.`,
+		Example: `  sluice buckets reset --table sluice --entity acme --resource chat
+  sluice buckets reset --table sluice --entity acme --resource chat --limit tpm`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if entity == "" || resource == "" {
+				return usageError{errors.New("--entity and --resource are required: a reset names exactly one bucket")}
+			}
+			a, err := o.admin(cmd.Context())
+			if err != nil {
+				return err
+			}
+			b, ok, err := a.ResetBucket(cmd.Context(), entity, resource, limit)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return notFound("no bucket for entity %s resource %s (never used, or expired): nothing to reset", entity, resource)
+			}
+			now := time.Now()
+			out := bucketOut{Entity: entity, Resource: resource, TTL: ttlOut(b.TTL)}
+			for i, l := range b.Limits {
+				if limit == "" || l.Name == limit {
+					s := bucket.Refill(l, b.States[i], now.UnixMilli())
+					out.Limits = append(out.Limits, bucketLimitOut{limitsOut([]bucket.Limit{l})[0],
+						float64(s.Tokens) / bucket.Milli, float64(s.Consumed) / bucket.Milli})
+				}
+			}
+			return o.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "reset the bucket of entity %s for resource %s; before, it held:\n", entity, resource)
+				fmt.Fprintln(w, "LIMIT\tRATE\tBURST\tTOKENS\tCONSUMED")
+				for _, l := range out.Limits {
+					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", l.Name, l.Rate, l.Burst,
+						strconv.FormatFloat(l.Tokens, 'f', -1, 64), strconv.FormatFloat(l.Consumed, 'f', -1, 64))
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&entity, "entity", "", "the entity (required)")
+	cmd.Flags().StringVar(&resource, "resource", "", "the resource (required)")
+	cmd.Flags().StringVar(&limit, "limit", "", "reset only the limit of this name (default: every limit)")
 	return cmd
 }
 
