@@ -551,11 +551,15 @@ func TestEnvoyWithSluiceChat(t *testing.T) {
 	if got := s.overLimitName("api"); got != "tpm" {
 		t.Errorf("c1 denied by %q, want tpm", got)
 	}
-	// 30000 tokens come back in 45 s.
+	// The chat descriptor carries its own hits_addend, so the third
+	// request's 30000 tokens are a charge (charges: own_hits, the
+	// default): denied, they count all the same, as envoyproxy/ratelimit
+	// counts them, and the key is 30000 in debt, repaid in 45 s: until
+	// then even a small request is denied.
 	s.advance(44 * time.Second)
-	s.allowedRun("c1 after 44s", 1, 0, chat("c1", 30000))
-	s.advance(time.Second)
-	s.allowedRun("c1 after 45s", 1, 1, chat("c1", 30000))
+	s.allowedRun("c1 after 44s", 1, 0, chat("c1", 10))
+	s.advance(2 * time.Second)
+	s.allowedRun("c1 after 46s", 1, 1, chat("c1", 10))
 	// A request larger than the burst can never pass.
 	s.advance(time.Hour)
 	s.allowedRun("c1 over the burst", 1, 0, chat("c1", 60001))

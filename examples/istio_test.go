@@ -578,6 +578,13 @@ func TestEveryEnvoyConfigIsChecked(t *testing.T) {
 		"examples/envoy-gateway/backend.yaml":              true, // TestEnvoyGatewayDemo
 		"examples/envoy-gateway/policy.yaml":               true, // TestEnvoyGatewayDemo
 		"examples/rlqs/envoy.yaml":                         true, // TestRLQSExampleIsValid
+		"examples/ai-gateways/token-policy.yaml":           true, // TestAIGatewayTokenPolicy
+	}
+	// The Helm chart's templates render only with Helm's engine: the
+	// chart's own module (charts/chartcheck) renders every values file
+	// and decodes every object strictly into its Kubernetes type.
+	chart := func(rel string) bool {
+		return rel == "charts/sluice/Chart.yaml" || strings.HasPrefix(rel, "charts/sluice/templates/")
 	}
 	envoyish := regexp.MustCompile(`(?m)kind:\s*EnvoyFilter|typed_config|static_resources|envoy\.filters\.|apiVersion:`)
 	err := filepath.WalkDir("..", func(path string, d os.DirEntry, err error) error {
@@ -596,7 +603,7 @@ func TestEveryEnvoyConfigIsChecked(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if envoyish.Match(raw) && !checked[rel] {
+		if envoyish.Match(raw) && !checked[rel] && !chart(rel) {
 			t.Errorf("%s looks like Envoy or Kubernetes config that no test validates: add it to a test and to this list", rel)
 		}
 		return nil

@@ -73,6 +73,9 @@ type Service struct {
 	opts    Options
 	stats   counters
 	failLog logLimiter
+	// charging holds a place for each charge written past its caller's
+	// deadline (decideCharge).
+	charging chan struct{}
 }
 
 // New returns a Service deciding rules' descriptors with be.
@@ -93,7 +96,8 @@ func New(rules Rules, be backend.Backend, opts Options) *Service {
 	if opts.NoDeadlineTimeout <= 0 {
 		opts.NoDeadlineTimeout = time.Second
 	}
-	return &Service{rules: rules, backend: be, opts: opts, failLog: logLimiter{every: opts.FailureLogInterval}}
+	return &Service{rules: rules, backend: be, opts: opts, failLog: logLimiter{every: opts.FailureLogInterval},
+		charging: make(chan struct{}, maxDetachedCharges)}
 }
 
 // Stats are running totals since start.
@@ -232,16 +236,7 @@ func (s *Service) backendContext(ctx context.Context) (context.Context, context.
 // backend's work; ctx is the call's own (traces, metrics).
 func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRequest, d *rlv3.RateLimitDescriptor, m descriptors.Match, st *rlsv3.RateLimitResponse_DescriptorStatus) error {
 	weight := hits(req, d)
-	charge := isCharge(m.Rule.Charges, d, weight)
-	if charge {
-		// What a charge counts was used already, and Envoy ignores the
-		// answer to a call at stream end: it is written even after
-		// Envoy's deadline has passed, within a deadline of its own.
-		var cancel context.CancelFunc
-		backendCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), ChargeTimeout)
-		defer cancel()
-	}
-	dec, err := s.backend.Decide(backendCtx, &backend.Request{
+	breq := backend.Request{
 		Entity:   m.Entity,
 		Resource: m.Resource,
 		Parent:   m.Parent,
@@ -249,8 +244,15 @@ func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRe
 		Global:   m.Rule.Global,
 		Hits:     weight,
 		Refund:   d.GetIsNegativeHits(),
-		Charge:   charge,
-	})
+		Charge:   isCharge(m.Rule.Charges, d, weight),
+	}
+	var dec backend.Decision
+	var err error
+	if breq.Charge {
+		dec, err = s.decideCharge(ctx, backendCtx, &breq)
+	} else {
+		dec, err = s.backend.Decide(backendCtx, &breq)
+	}
 	outcome := OutcomeOK
 	if err != nil {
 		if err := s.onBackendError(ctx, req.Domain, m, err, st); err != nil {
@@ -307,27 +309,6 @@ func (s *Service) onBackendError(ctx context.Context, domain string, m descripto
 	// The kind, not the message: the status message ends up in Envoy's
 	// logs and in the call's trace span.
 	return status.Errorf(codes.Unavailable, "rate-limit backend failed: %s", kind)
-}
-
-// ChargeTimeout bounds the backend's work on a charge (isCharge), which
-// does not end with the caller's deadline.
-const ChargeTimeout = 2 * time.Second
-
-// isCharge reports whether descriptor d, of weight hits, charges tokens
-// already used under rule c (descriptors.Charges): by default, when it
-// carries its own hits_addend above zero, as the gateways that charge at
-// stream end send it.
-func isCharge(c descriptors.Charges, d *rlv3.RateLimitDescriptor, hits uint64) bool {
-	if hits == 0 || d.GetIsNegativeHits() {
-		return false
-	}
-	switch c {
-	case descriptors.ChargesAlways:
-		return true
-	case descriptors.ChargesNever:
-		return false
-	}
-	return d.GetHitsAddend() != nil
 }
 
 // hits is the weight of descriptor d: its own hits_addend when set (zero
