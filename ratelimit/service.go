@@ -44,7 +44,9 @@ type Options struct {
 	// OnBackendError is the failure policy.
 	OnBackendError FailurePolicy
 	// ResponseHeaders adds RateLimit-Limit, RateLimit-Remaining and
-	// RateLimit-Reset to the response Envoy sends downstream.
+	// RateLimit-Reset (the most constraining descriptor), and the IETF
+	// fields RateLimit-Policy and RateLimit (every named limit, the ones
+	// that denied first), to the response Envoy sends downstream.
 	ResponseHeaders bool
 	// Input bounds the size of a request; zero fields take defaults.
 	Input InputLimits
@@ -189,7 +191,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 			if backendCtx == nil {
 				backendCtx, cancel = s.backendContext(ctx)
 			}
-			if err := s.decide(ctx, backendCtx, req, d, m, st); err != nil {
+			if err := s.decide(ctx, backendCtx, req, d, m, st, &headers); err != nil {
 				return nil, err
 			}
 			headers.observe(st)
@@ -234,7 +236,7 @@ func (s *Service) backendContext(ctx context.Context) (context.Context, context.
 
 // decide fills st for one limited descriptor. backendCtx bounds the
 // backend's work; ctx is the call's own (traces, metrics).
-func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRequest, d *rlv3.RateLimitDescriptor, m descriptors.Match, st *rlsv3.RateLimitResponse_DescriptorStatus) error {
+func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRequest, d *rlv3.RateLimitDescriptor, m descriptors.Match, st *rlsv3.RateLimitResponse_DescriptorStatus, headers *headerState) error {
 	weight := hits(req, d)
 	breq := backend.Request{
 		Entity:   m.Entity,
@@ -260,6 +262,9 @@ func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRe
 		}
 	} else if dec.Limited() {
 		fillStatus(st, dec, m.Rule)
+		if s.opts.ResponseHeaders {
+			headers.limits(dec, m.Rule, !s.opts.ShadowMode && !m.Rule.ShadowMode)
+		}
 		if l, r := dec.Limits[dec.Binding], dec.Results[dec.Binding]; dec.Allowed &&
 			float64(r.Tokens) < (1-s.opts.NearLimitRatio)*float64(l.Burst) {
 			outcome = OutcomeNearLimit

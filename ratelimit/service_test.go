@@ -312,6 +312,39 @@ func TestResponseHeaders(t *testing.T) {
 	}
 }
 
+// With several named limits, the IETF fields RateLimit-Policy and
+// RateLimit describe each of them, one item per name, and the limit that
+// denied comes first: a client that reads the first item backs off by the
+// limit that holds it back, not by the one with the most left.
+func TestResponseHeadersNameEveryLimit(t *testing.T) {
+	c, _ := newService(t, ratelimit.Options{ResponseHeaders: true})
+	headers := func(resp *rlsv3.RateLimitResponse) map[string]string {
+		got := map[string]string{}
+		for _, h := range resp.ResponseHeadersToAdd {
+			got[h.Key] = h.Value
+		}
+		return got
+	}
+	// 600 hits: rpm 9 of 10 left, tpm 400 of 1000; both reset within
+	// a minute of refill (rpm's one request: 6 s).
+	got := headers(call(t, c, &rlsv3.RateLimitRequest{HitsAddend: 600, Descriptors: []*rlv3.RateLimitDescriptor{desc("multi", "k")}}))
+	if want := `"rpm";q=10;w=60, "tpm";q=1000;w=60`; got["RateLimit-Policy"] != want {
+		t.Errorf("RateLimit-Policy %q, want %q", got["RateLimit-Policy"], want)
+	}
+	if want := `"rpm";r=9;t=6, "tpm";r=400;t=36`; got["RateLimit"] != want {
+		t.Errorf("RateLimit %q, want %q", got["RateLimit"], want)
+	}
+	// 500 more is over on tpm (asked, not charged: the request's own
+	// hits_addend): tpm comes first, with the time until 500 are there.
+	got = headers(call(t, c, &rlsv3.RateLimitRequest{HitsAddend: 500, Descriptors: []*rlv3.RateLimitDescriptor{desc("multi", "k")}}))
+	if want := `"tpm";r=400;t=6, "rpm";r=9;t=6`; got["RateLimit"] != want {
+		t.Errorf("RateLimit when tpm denies %q, want %q", got["RateLimit"], want)
+	}
+	if got["RateLimit-Remaining"] != "400" {
+		t.Errorf("RateLimit-Remaining %q when tpm denies, want its 400", got["RateLimit-Remaining"])
+	}
+}
+
 // failing is a backend that fails like an unreachable store: it fails at
 // once, or (slow) only when the caller's deadline expires.
 type failing struct{ slow bool }

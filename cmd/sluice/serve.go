@@ -139,7 +139,7 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
 	f.BoolVar(&o.quotaMode, "quota-mode", false, "treat every limited descriptor as quota_mode does: over its limit, it fails a request only when all of the request's quota-mode descriptors are")
 	f.BoolVar(&o.dynamicMetadata, "response-dynamic-metadata", false, "add dynamic metadata to every answer: the domain, the descriptors and the metadata of the rules that passed")
-	f.BoolVar(&o.responseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset to responses")
+	f.BoolVar(&o.responseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset, RateLimit-Policy and RateLimit to responses")
 	f.BoolVar(&o.pprof, "pprof", false, "serve /debug/pprof/ on the debug address")
 	// Far above what a healthy replica holds (docs/serve.md's "Overload"
 	// explains them), so that only a flood or a stalled backend reaches
