@@ -136,6 +136,22 @@ func hasLimit(r *Rule, name string) bool {
 	return false
 }
 
+// wholeTokens reads the field key of limit name's entry g, a whole number
+// of tokens from 0 to bucket.MaxTokens: present is false when the entry
+// has none, ok false (with the error reported) when it is not such a
+// number.
+func (p *fileParser) wholeTokens(g map[string]field, key, name string) (n int64, present, ok bool) {
+	f, present := g[key]
+	if !present {
+		return 0, false, true
+	}
+	if f.val.Kind != yaml.ScalarNode || f.val.ShortTag() != "!!int" || f.val.Decode(&n) != nil || n < 0 || n > bucket.MaxTokens {
+		p.errorf(f.val.Line, "limit %q: %s: want a whole number of tokens from 0 to %d, got %s", name, key, bucket.MaxTokens, kindName(f.val))
+		return 0, true, false
+	}
+	return n, true, true
+}
+
 // limit parses one entry of `limits`: {name, rate, burst, cost, debt}.
 func (p *fileParser) limit(n *yaml.Node) (bucket.Limit, bool) {
 	g := p.fields(n, "limits entry", "name", "rate", "burst", "cost", "debt")
@@ -167,22 +183,14 @@ func (p *fileParser) limit(n *yaml.Node) (bucket.Limit, bool) {
 		return l, false
 	}
 	l.Burst = l.Amount
-	if bf, ok := g["burst"]; ok {
-		var burst int64
-		if bf.val.Kind != yaml.ScalarNode || bf.val.ShortTag() != "!!int" || bf.val.Decode(&burst) != nil ||
-			burst < 0 || burst > bucket.MaxTokens {
-			p.errorf(bf.val.Line, "limit %q: burst: want a whole number of tokens from 0 to %d, got %s", l.Name, bucket.MaxTokens, kindName(bf.val))
-			return l, false
-		}
+	if burst, present, ok := p.wholeTokens(g, "burst", l.Name); !ok {
+		return l, false
+	} else if present {
 		l.Burst = burst * bucket.Milli
 	}
-	if df, ok := g["debt"]; ok {
-		var debt int64
-		if df.val.Kind != yaml.ScalarNode || df.val.ShortTag() != "!!int" || df.val.Decode(&debt) != nil ||
-			debt < 0 || debt > bucket.MaxTokens {
-			p.errorf(df.val.Line, "limit %q: debt: want a whole number of tokens from 0 to %d, got %s", l.Name, bucket.MaxTokens, kindName(df.val))
-			return l, false
-		}
+	if debt, present, ok := p.wholeTokens(g, "debt", l.Name); !ok {
+		return l, false
+	} else if present {
 		l.Debt = debt * bucket.Milli
 		if debt == 0 {
 			l.Debt = bucket.NoDebt

@@ -144,6 +144,10 @@ func TestValidationErrors(t *testing.T) {
 			[]wantErr{{"a.yaml", 7, `limit "a": burst: want a whole number of tokens`}}},
 		{"burst not a number", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - name: a\n        rate: 1/s\n        burst: 1.5\n"},
 			[]wantErr{{"a.yaml", 7, "burst: want a whole number of tokens"}}},
+		{"bad debt", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - name: a\n        rate: 1/s\n        debt: -5\n"},
+			[]wantErr{{"a.yaml", 7, `limit "a": debt: want a whole number of tokens`}}},
+		{"bad charges", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    charges: sometimes\n    limits:\n      - {name: a, rate: 1/s}\n"},
+			[]wantErr{{"a.yaml", 4, `charges: want own_hits, always or never, got "sometimes"`}}},
 		{"bad cost", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - name: a\n        rate: 1/s\n        cost: tokens\n"},
 			[]wantErr{{"a.yaml", 7, `cost: want hits or request, got "tokens"`}}},
 		{"unlimited with a unit", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unlimited: true\n      unit: second\n"},
@@ -241,6 +245,39 @@ descriptors:
 		m, ok := c.Match("d", x.d)
 		if !ok || m.Rule.Global != x.want {
 			t.Errorf("%v: matched %v, global %v; want global %v", x.d.GetEntries(), ok, m.Rule.Global, x.want)
+		}
+	}
+}
+
+// charges and limits[].debt load with what they say; a node without
+// charges, one in envoyproxy/ratelimit's format among them, counts a
+// descriptor's own hits as a charge, and a limit without debt may go one
+// burst below zero.
+func TestChargesAndDebtKeys(t *testing.T) {
+	c := mustLoad(t, map[string]string{"a.yaml": `domain: d
+descriptors:
+  - key: tenant
+    charges: never
+    limits: [{name: tpm, rate: 1000/min, debt: 0}]
+  - key: model
+    charges: always
+    limits: [{name: tpm, rate: 1000/min, burst: 2000, debt: 5000}]
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`})
+	for _, x := range []struct {
+		d       *rlv3.RateLimitDescriptor
+		charges Charges
+		floor   int64
+	}{
+		{desc("tenant", "t1"), ChargesNever, 0},
+		{desc("model", "m"), ChargesAlways, -5000 * bucket.Milli},
+		{desc("ip", "192.0.2.1"), ChargesOwnHits, -10 * bucket.Milli},
+	} {
+		m, ok := c.Match("d", x.d)
+		if !ok || m.Rule.Charges != x.charges || bucket.Floor(m.Rule.Limits[0]) != x.floor {
+			t.Errorf("%v: matched %v, charges %v, floor %d; want %v, %d", x.d.GetEntries(), ok, m.Rule.Charges,
+				bucket.Floor(m.Rule.Limits[0]), x.charges, x.floor)
 		}
 	}
 }
