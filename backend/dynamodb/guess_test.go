@@ -136,6 +136,7 @@ func TestWrongGuessIsDecidedOnTheRecords(t *testing.T) {
 		// second finds it under the entity's limits.
 		for round := range 2 {
 			admitted := 0
+			var held int64 // whole tokens the round's leases hold at its end
 			var mu sync.Mutex
 			var wg sync.WaitGroup
 			for r := range 4 {
@@ -160,12 +161,20 @@ func TestWrongGuessIsDecidedOnTheRecords(t *testing.T) {
 				}
 				wg.Wait()
 				wrong += b.Stats().GuessesWrong.Load()
+				if b.leases != nil {
+					lb := backend.LeaseBucket[bucketKey]{Key: bucketKey{vip, "r"}, Res: backend.Resolved{Limits: tight}, FP: bucket.Fingerprint(tight)}
+					for _, n := range b.leases.Peek(&lb) {
+						held += n / bucket.Milli
+					}
+				}
 			}
-			// A limit this tight leaves leases nothing to hold: every token
-			// is spent by a call, on a wrong guess too.
-			if want := [2]int{3, 0}[round]; admitted != want {
-				t.Errorf("leases %v, round %d: %s admitted %d of 20 calls on 4 fresh replicas, want %d (its burst is 3, 1 an hour)",
-					leases, round, vip, admitted, want)
+			// Every token is spent by a call, on a wrong guess too, or
+			// (rarely, on a busy machine) held by the lease of a replica
+			// whose calls had all been answered when its renewal landed:
+			// none is lost, and none admitted twice.
+			if want := [2]int64{3, 0}[round]; int64(admitted)+held != want || (!leases && held != 0) {
+				t.Errorf("leases %v, round %d: %s admitted %d of 20 calls on 4 fresh replicas and %d tokens are on lease, want %d in all (its burst is 3, 1 an hour)",
+					leases, round, vip, admitted, held, want)
 			}
 		}
 		if wrong == 0 {
