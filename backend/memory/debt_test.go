@@ -7,6 +7,7 @@ import (
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/backendtest"
 	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/regions"
 )
 
 func TestChargesLandInDebt(t *testing.T) {
@@ -28,4 +29,30 @@ func TestChargesHoldTheBound(t *testing.T) {
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 3 * time.Second}
 	r := backendtest.ChargeStorm([]backendtest.Decider{b}, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
 	r.HoldsTheBound(t, l, load)
+}
+
+// A global limit's charges land in their region's part of it: eu-west-1,
+// a quarter of 400 a second (100, and a burst of 100), charged 250 tokens
+// goes a burst into debt there (its floor is its part's burst), and
+// denies even a check; the limit's other regions are not this replica's
+// to charge.
+func TestChargesLandInTheRegionsShare(t *testing.T) {
+	split, err := regions.NewSplit(map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := backend.NewGlobal(split, "eu-west-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := newTestBackend(t, Options{Global: g})
+	l := []bucket.Limit{limit(t, "tpm=400/s")}
+	d := decide(t, b, backend.Request{Entity: "t", Resource: "chat", Defaults: l, Hits: 250, Global: true, Charge: true})
+	if d.Allowed || d.Results[0].Tokens != -100*bucket.Milli || d.Limits[0].Burst != 100*bucket.Milli {
+		t.Fatalf("a charge of 250 on eu-west-1's 100: allowed %v, %d millitokens left of a burst of %d; want denied at -100000 of 100000",
+			d.Allowed, d.Results[0].Tokens, d.Limits[0].Burst)
+	}
+	if d := decide(t, b, backend.Request{Entity: "t", Resource: "chat", Defaults: l, Hits: 0, Global: true}); d.Allowed {
+		t.Error("a check was admitted in the region's debt")
+	}
 }
