@@ -1695,3 +1695,29 @@ func checkLeases(t *testing.T, ls *Leases[string], stats *LeaseStats, m *simMode
 		fail("LeaseDropped = %d, the model says %d", dropped, m.dropped)
 	}
 }
+
+// A charge its lease cannot pay whole takes what the lease holds, per
+// limit, and leaves the store the rest: sent whole, it would leave the
+// lease to pass checks while the bucket is in debt. A lease that holds
+// nothing leaves the request as it was.
+func TestChargingDrainsTheLease(t *testing.T) {
+	rpm, tpm := perRequestLimit(testLimit("rpm", 100, 100)), testLimit("tpm", 1000, 1000)
+	ls, _ := newTestLeases()
+	b := leaseOn("k", rpm, tpm)
+	ls.Credit(&b, []int64{whole(5), whole(30)}, nil, nil, leaseT0)
+	bs := []LeaseBucket[string]{b}
+	req := &Request{Hits: 50, Charge: true}
+	if _, _, paid := ls.Spend(bs, 50, leaseT0, 0, true); paid {
+		t.Fatal("a lease of 30 tokens paid a charge of 50")
+	}
+	got := ls.Charging(bs, req, leaseT0)
+	if got == req || !slices.Equal(got.Paid, []int64{whole(1), whole(30)}) || req.Paid != nil {
+		t.Fatalf("Charging paid %v (the caller's request now %v), want rpm's one and tpm's 30 in a copy", got.Paid, req.Paid)
+	}
+	if left := ls.Peek(&b); !slices.Equal(left, []int64{whole(4), 0}) {
+		t.Errorf("the lease holds %v after the charge, want [4 0] (rpm's four requests left)", left)
+	}
+	if again := ls.Charging(bs, &Request{Hits: 50, Charge: true}, leaseT0); again.Paid != nil && again.Paid[1] != 0 {
+		t.Errorf("a drained lease paid %v of a second charge", again.Paid)
+	}
+}

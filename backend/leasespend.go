@@ -195,14 +195,14 @@ func (ls *Leases[K]) lockAll(bs []LeaseBucket[K], order []int, add bool) (hs [2]
 	}, true
 }
 
-// Drain takes from the leases of bs what they hold toward a charge of
+// drain takes from the leases of bs what they hold toward a charge of
 // hits (backend.Request.Charge) that they could not pay whole (Spend
 // counted its demand): per limit of bs in order, the tokens taken, each
 // at most the charge's cost (nil when no lease holds any). The caller
 // charges the store the rest. A charge sent to the store whole would
 // leave a replica's lease to admit checks, which cost nothing, for as
 // long as the lease lasts, however deep the shared bucket is in debt.
-func (ls *Leases[K]) Drain(bs []LeaseBucket[K], hits uint64, now int64) []int64 {
+func (ls *Leases[K]) drain(bs []LeaseBucket[K], hits uint64, now int64) []int64 {
 	hs, unlock, ok := ls.lockAll(bs, ls.lockOrder(bs), false)
 	if !ok {
 		return nil
@@ -235,6 +235,20 @@ func (ls *Leases[K]) Drain(bs []LeaseBucket[K], hits uint64, now int64) []int64 
 		off += n
 	}
 	return paid
+}
+
+// Charging is req, a charge the leases of bs could not pay whole, with
+// what they held taken into it (drain) and set as its Paid: the request
+// for the store, which charges the rest. It is req itself when they held
+// nothing, and a copy otherwise (the caller's req is left as it was).
+func (ls *Leases[K]) Charging(bs []LeaseBucket[K], req *Request, now int64) *Request {
+	paid := ls.drain(bs, req.Hits, now)
+	if paid == nil {
+		return req
+	}
+	rq := *req
+	rq.Paid = paid
+	return &rq
 }
 
 // spendMode says who asks the leases to pay.

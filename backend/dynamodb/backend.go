@@ -473,11 +473,7 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 		// What the lease holds goes into the charge, the table gets
 		// the rest: sent whole, it would leave the lease to pass checks
 		// however deep in debt the bucket is.
-		if paid := b.leases.Drain(leasedAll(ts), req.Hits, b.now()); paid != nil {
-			rq := *req
-			rq.Paid = paid
-			req = &rq
-		}
+		req = b.leases.Charging(leasedAll(ts), req, b.now())
 	}
 	if leased && req.Hits > 0 && !charge && b.beyondReach(ctx) {
 		// No write can be back before this call's deadline: waiting for

@@ -7,7 +7,6 @@ import (
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/backendtest"
 	"github.com/sluice-rl/sluice/backend/bucket"
-	"github.com/sluice-rl/sluice/regions"
 )
 
 func TestChargesLandInDebt(t *testing.T) {
@@ -37,15 +36,7 @@ func TestChargesHoldTheBound(t *testing.T) {
 // denies even a check; the limit's other regions are not this replica's
 // to charge.
 func TestChargesLandInTheRegionsShare(t *testing.T) {
-	split, err := regions.NewSplit(map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := backend.NewGlobal(split, "eu-west-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := newTestBackend(t, Options{Global: g})
+	b, _ := newTestBackend(t, Options{Global: euWestQuarter(t)})
 	l := []bucket.Limit{limit(t, "tpm=400/s")}
 	d := decide(t, b, backend.Request{Entity: "t", Resource: "chat", Defaults: l, Hits: 250, Global: true, Charge: true})
 	if d.Allowed || d.Results[0].Tokens != -100*bucket.Milli || d.Limits[0].Burst != 100*bucket.Milli {

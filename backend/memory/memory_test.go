@@ -402,7 +402,10 @@ func TestCancelledContext(t *testing.T) {
 
 // TestGlobalLimitSplitByRegion: a memory replica in a region weighted 1
 // of 4 enforces a quarter of a global limit, and a rule not global whole.
-func TestGlobalLimitSplitByRegion(t *testing.T) {
+// euWestQuarter is a replica's view of global limits split 3:1 between
+// us-east-1 and eu-west-1, from eu-west-1: a quarter of each.
+func euWestQuarter(t *testing.T) backend.Global {
+	t.Helper()
 	split, err := regions.NewSplit(map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1})
 	if err != nil {
 		t.Fatal(err)
@@ -411,7 +414,11 @@ func TestGlobalLimitSplitByRegion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := newTestBackend(t, Options{Global: g})
+	return g
+}
+
+func TestGlobalLimitSplitByRegion(t *testing.T) {
+	b, _ := newTestBackend(t, Options{Global: euWestQuarter(t)})
 	l := []bucket.Limit{limit(t, "rps=400/s")}
 	for _, c := range []struct {
 		global bool
@@ -430,6 +437,10 @@ func TestGlobalLimitSplitByRegion(t *testing.T) {
 		if admitted != c.want {
 			t.Errorf("global %v: admitted %d, want %d", c.global, admitted, c.want)
 		}
+	}
+	split, err := regions.NewSplit(map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1})
+	if err != nil {
+		t.Fatal(err)
 	}
 	if _, err := backend.NewGlobal(split, "mars"); err == nil {
 		t.Error("NewGlobal took a region not in the split")

@@ -35,7 +35,7 @@ func TestChargesLandInDebt(t *testing.T) {
 // requests use stays within B + R*T and the requests in flight
 // (backendtest.ChargeStorm), with leases on, and Redis counts every
 // charge. A charge a lease could not pay whole takes what the lease held
-// (Leases.Drain): sent whole to Redis, it left the lease to pass checks
+// (Leases.Charging): sent whole to Redis, it left the lease to pass checks
 // while the bucket was in debt (80 admitted where 60 could be).
 func TestChargesHoldTheBound(t *testing.T) {
 	srv := redistest.Require(t)

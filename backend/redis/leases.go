@@ -88,11 +88,7 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 		// What the lease holds goes into the charge, Redis gets the
 		// rest: sent whole, it would leave the lease to pass checks
 		// however deep in debt the bucket is.
-		if paid := b.leases.Drain(lbs, req.Hits, now); paid != nil {
-			rq := *req
-			rq.Paid = paid
-			req = &rq
-		}
+		req = b.leases.Charging(lbs, req, now)
 	}
 	if paying {
 		if results, denied := b.leases.DenyFromView(lbs, req.Hits, now, maxDenyAge); denied {
