@@ -3,6 +3,7 @@ package bucket
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -173,7 +174,10 @@ func TestFingerprintOfDebt(t *testing.T) {
 // at any times: every state stays within [Floor, Burst]; nothing is
 // admitted, not even a check, while a limit is at or below zero; and
 // what admissions and charges took never exceeds the burst, the refill
-// over the span and the deepest debt allowed, however the span ends.
+// over the span and the deepest debt allowed, over every span of the
+// run (one that starts after idle or mid-run as well as at the first
+// call), with one refill step of slack for the refill pending at its
+// start.
 func TestPropertyDebtKeepsTheBound(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for iter := 0; iter < 400; iter++ {
@@ -195,6 +199,12 @@ func TestPropertyDebtKeepsTheBound(t *testing.T) {
 		}
 		res := make([]Result, n)
 		taken := make([]int64, n) // what landed in the tokens, less refunds
+		// Per step, its time and what had been taken before it.
+		type mark struct {
+			at    int64
+			taken []int64
+		}
+		var marks []mark
 		now := start
 		for step := 0; step < 300; step++ {
 			now += r.Int64N(limits[0].Period/50 + 1)
@@ -209,6 +219,7 @@ func TestPropertyDebtKeepsTheBound(t *testing.T) {
 			for i, l := range limits {
 				before[i] = Refill(l, st[i], now)
 			}
+			marks = append(marks, mark{now, slices.Clone(taken)})
 			switch k := r.IntN(10); {
 			case k == 0:
 				Refund(limits, st, hits, now, res)
@@ -232,9 +243,19 @@ func TestPropertyDebtKeepsTheBound(t *testing.T) {
 				if s.Clock > now {
 					t.Fatalf("limit %v: clock %d past now %d", l, s.Clock, now)
 				}
-				bound := satAdd(satAdd(l.Burst, mulDivSat(now-start, l.Amount, l.Period)), -Floor(l))
-				if taken[i] > bound {
-					t.Fatalf("limit %v: %d millitokens taken over %d ms, over burst + refill + debt %d", l, taken[i], now-start, bound)
+			}
+			// Every span that ends with this step: from the start of
+			// any step up to now.
+			for _, m := range marks {
+				for i, l := range limits {
+					_, step := quantum(l)
+					if l.Amount == 0 {
+						step = 0
+					}
+					bound := satAdd(satAdd(satAdd(l.Burst, mulDivSat(now-m.at, l.Amount, l.Period)), step), -Floor(l))
+					if got := taken[i] - m.taken[i]; got > bound {
+						t.Fatalf("limit %v: %d millitokens taken over the %d ms from %d, over burst + refill + debt %d", l, got, now-m.at, m.at, bound)
+					}
 				}
 			}
 		}
