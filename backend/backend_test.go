@@ -23,16 +23,16 @@ func TestBucketTTLBySource(t *testing.T) {
 		ttl   int64
 		hasIt bool
 	}{
-		{"operator-written entity config never expires", Resolved{both, LevelEntity, false}, 7, 0, false},
-		{"sync-written entity config expires", Resolved{both, LevelEntity, true}, 7, 7 * 120_000, true},
-		{"entity default", Resolved{both, LevelEntityDefault, false}, 7, 7 * 120_000, true},
-		{"resource default", Resolved{both, LevelResource, false}, 7, 7 * 120_000, true},
-		{"system default", Resolved{[]bucket.Limit{fast}, LevelSystem, false}, 7, 7 * 1000, true},
-		{"multiplier is configurable", Resolved{both, LevelResource, false}, 2, 2 * 120_000, true},
-		{"multiplier 0 turns TTLs off", Resolved{both, LevelResource, false}, 0, 0, false},
-		{"negative multiplier turns TTLs off", Resolved{both, LevelResource, false}, -1, 0, false},
-		{"a never-refilling burst is kept", Resolved{[]bucket.Limit{fast, frozen}, LevelResource, false}, 7, 0, false},
-		{"no overflow", Resolved{[]bucket.Limit{{Name: "x", Amount: 1, Period: bucket.MaxPeriod, Burst: bucket.MaxTokens * bucket.Milli}}, LevelResource, false}, 7, math.MaxInt64, true},
+		{"operator-written entity config never expires", Resolved{Limits: both, Level: LevelEntity, Synced: false}, 7, 0, false},
+		{"sync-written entity config expires", Resolved{Limits: both, Level: LevelEntity, Synced: true}, 7, 7 * 120_000, true},
+		{"entity default", Resolved{Limits: both, Level: LevelEntityDefault, Synced: false}, 7, 7 * 120_000, true},
+		{"resource default", Resolved{Limits: both, Level: LevelResource, Synced: false}, 7, 7 * 120_000, true},
+		{"system default", Resolved{Limits: []bucket.Limit{fast}, Level: LevelSystem, Synced: false}, 7, 7 * 1000, true},
+		{"multiplier is configurable", Resolved{Limits: both, Level: LevelResource, Synced: false}, 2, 2 * 120_000, true},
+		{"multiplier 0 turns TTLs off", Resolved{Limits: both, Level: LevelResource, Synced: false}, 0, 0, false},
+		{"negative multiplier turns TTLs off", Resolved{Limits: both, Level: LevelResource, Synced: false}, -1, 0, false},
+		{"a never-refilling burst is kept", Resolved{Limits: []bucket.Limit{fast, frozen}, Level: LevelResource, Synced: false}, 7, 0, false},
+		{"no overflow", Resolved{Limits: []bucket.Limit{{Name: "x", Amount: 1, Period: bucket.MaxPeriod, Burst: bucket.MaxTokens * bucket.Milli}}, Level: LevelResource, Synced: false}, 7, math.MaxInt64, true},
 	}
 	for _, c := range cases {
 		ttl, ok := BucketTTL(c.r, c.mult)

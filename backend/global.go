@@ -101,5 +101,6 @@ func scale(res Resolved, parts int64) Resolved {
 		scaled[i] = regions.Scale(l, parts)
 	}
 	res.Limits = scaled
+	res.Regional = true
 	return res
 }

@@ -125,6 +125,10 @@ type holding struct {
 	// busy: a renewal or return of this lease is under way; no second
 	// one starts. renewing: it is a renewal (a grant is on its way).
 	busy, renewing bool
+	// heldDrained: a call found view drained while this renewal was on
+	// its way (AtLimit), and the view then was the one at heldView (ms).
+	heldDrained bool
+	heldView    int64
 	// out is what the store counts out for this lease, per res.Limits,
 	// in expiry window win (0: nothing; leasereport.go); reporting: a
 	// write carries that report, and no other may.
@@ -482,7 +486,7 @@ func (ls *Leases[K]) StartRenewal(b *LeaseBucket[K]) bool {
 	if h.busy {
 		return false
 	}
-	h.busy, h.renewing = true, true
+	h.busy, h.renewing, h.heldDrained = true, true, false
 	return true
 }
 
@@ -490,7 +494,7 @@ func (ls *Leases[K]) StartRenewal(b *LeaseBucket[K]) bool {
 func (ls *Leases[K]) Idle(k K) {
 	if h := ls.get(k); h != nil {
 		h.mu.Lock()
-		h.busy, h.renewing = false, false
+		h.busy, h.renewing, h.heldDrained = false, false, false
 		h.mu.Unlock()
 	}
 }
@@ -572,6 +576,28 @@ func (h *holding) drained(res Resolved, fp string, now, maxAge int64) bool {
 		if s, ok := v.StateOf(l.Name); ok && s.Tokens < bucket.Cost(l, 1) {
 			return true
 		}
+	}
+	return false
+}
+
+// drainedRenewing is drained for a call at the limit (AtLimit), h
+// locked: false unless a renewal is on its way. Once a call found the
+// view drained within maxAge while this renewal was on its way, that
+// view stays drained for the calls after it until a write replaces it,
+// the renewal ends or the lease expires, however long the renewal
+// takes: a renewal slower than a few round trips (a table busy in a
+// spike) would otherwise send every call after the first few to queue
+// behind that very write for the tokens it is claiming for them.
+func (h *holding) drainedRenewing(res Resolved, fp string, now, maxAge int64) bool {
+	if !h.renewing || maxAge <= 0 {
+		return false
+	}
+	if h.heldDrained && h.heldView == h.viewAt && now < h.expires {
+		return h.drained(res, fp, now, max(maxAge, now-h.viewAt))
+	}
+	if h.drained(res, fp, now, maxAge) {
+		h.heldDrained, h.heldView = true, h.viewAt
+		return true
 	}
 	return false
 }

@@ -739,6 +739,8 @@ func TestLeasesAtLimit(t *testing.T) {
 	l := testLimit("rpm", 100, 100)
 	b := leaseOn("k", l)
 	bs := []LeaseBucket[string]{b}
+	part := b // a region's part of a global limit, under the same limits
+	part.Res.Regional = true
 	const rtt = 10
 	left := func(tokens int64) *testView {
 		return &testView{states: map[string]bucket.State{"rpm": {Tokens: tokens, Clock: leaseT0}}, config: b.FP}
@@ -753,6 +755,9 @@ func TestLeasesAtLimit(t *testing.T) {
 			[]bucket.State{{Consumed: whole(1)}}, leaseT0)
 	}
 	renewing := func(ls *Leases[string]) { ls.StartRenewal(&b) }
+	atLimitAt := func(at int64) func(*Leases[string]) {
+		return func(ls *Leases[string]) { ls.AtLimit(bs, 1, at, rtt, func() {}) }
+	}
 	cases := []struct {
 		name         string
 		setup        []func(ls *Leases[string])
@@ -763,12 +768,16 @@ func TestLeasesAtLimit(t *testing.T) {
 		{"drained, the lease spent, a grant on its way: denied", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing}, bs, leaseT0 + 2, false, true},
 		{"drained, shared, nothing on its way: a renewal starts, denied", []func(*Leases[string]){wrote(whole(2), 0), others, spent, func(ls *Leases[string]) { ls.Idle(b.Key) }}, bs, leaseT0 + 2, false, true},
 		{"drained, alone, nothing on its way: the store", []func(*Leases[string]){wrote(whole(2), 0), spent, func(ls *Leases[string]) { ls.Idle(b.Key) }}, bs, leaseT0 + 2, false, false},
+		{"drained, alone, a region's part, nothing on its way: a renewal starts, denied", []func(*Leases[string]){wrote(whole(2), 0), spent, func(ls *Leases[string]) { ls.Idle(b.Key) }}, []LeaseBucket[string]{part}, leaseT0 + 2, false, true},
 		{"drained, the lease pays: paid", []func(*Leases[string]){wrote(whole(2), 0), renewing}, bs, leaseT0 + 2, true, false},
 		{"less than a hit left is drained", []func(*Leases[string]){wrote(whole(2), bucket.Milli-1), spent, renewing}, bs, leaseT0 + 2, false, true},
 		{"a hit left: the store", []func(*Leases[string]){wrote(whole(2), whole(1)), spent, renewing}, bs, leaseT0 + 2, false, false},
 		{"no grant, drained: denied", []func(*Leases[string]){wrote(0, 0), renewing}, bs, leaseT0 + 2, false, true},
 		{"drained within a few round trips", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing}, bs, leaseT0 + drainedRTTs*rtt, false, true},
 		{"drained longer ago: the store", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing}, bs, leaseT0 + drainedRTTs*rtt + 1, false, false},
+		{"found drained while the renewal is on its way, which takes long: denied", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing, atLimitAt(leaseT0 + 2)}, bs, leaseT0 + 10*drainedRTTs*rtt, false, true},
+		{"found drained by the renewal before: the store", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing, atLimitAt(leaseT0 + 2), func(ls *Leases[string]) { ls.Idle(b.Key) }, renewing}, bs, leaseT0 + drainedRTTs*rtt + 1, false, false},
+		{"found drained, then a write landed: the store", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing, atLimitAt(leaseT0 + 2), wrote(0, whole(5))}, bs, leaseT0 + drainedRTTs*rtt + 1, false, false},
 		{"a key never written: the store", nil, bs, leaseT0 + 2, false, false},
 		{"one bucket of a cascade drained", []func(*Leases[string]){wrote(whole(2), 0), spent, renewing, func(ls *Leases[string]) {
 			j := leaseOn("j", l)

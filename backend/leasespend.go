@@ -125,19 +125,54 @@ func (ls *Leases[K]) Beyond(bs []LeaseBucket[K], hits uint64, now, rtt int64, re
 // for a write of its own races the others' for each token. The refill
 // is not lost: the renewal claims it for the calls after this one.
 // renew is called only on a bucket other replicas write too (their
-// writes were seen lately): a replica alone on it has nobody to race,
-// and its call is decided by the store exactly, as one bucket would.
+// writes were seen lately), or on a region's part of a global limit
+// (Resolved.Regional): a replica alone on any other bucket has nobody
+// to race, and its call is decided by the store exactly, as one bucket
+// would. A region's part is not one bucket's answer to begin with (the
+// regions share the limit, and the part moves with their demand), and
+// a lone replica there that queued each call at the limit for a write
+// put one to two round trips on it.
 // Neither (not drained, or no renewal under way): the call is for the
 // store, so that a bucket with tokens to spare is decided as one bucket
 // would.
 func (ls *Leases[K]) AtLimit(bs []LeaseBucket[K], hits uint64, now, rtt int64, renew func()) (results []bucket.Result, low []LeaseBucket[K], paid, denied bool) {
-	if !ls.Drained(bs, now, rtt, 0) {
+	if !ls.Drained(bs, now, rtt, 0) && !ls.heldDrained(bs, now) {
 		return nil, nil, false, false
 	}
-	if renew != nil && ls.shared(bs, now) {
+	if renew != nil && (ls.shared(bs, now) || regional(bs)) {
 		renew()
 	}
 	return ls.spend(bs, hits, now, rtt, atLimit)
+}
+
+// heldDrained reports whether some bucket of bs is held drained while
+// its renewal is on its way (holding.drainedRenewing), however long ago
+// its view was written.
+func (ls *Leases[K]) heldDrained(bs []LeaseBucket[K], now int64) bool {
+	for i := range bs {
+		h := ls.get(bs[i].Key)
+		if h == nil {
+			continue
+		}
+		h.mu.Lock()
+		held := h.renewing && h.heldDrained && h.heldView == h.viewAt && now < h.expires
+		h.mu.Unlock()
+		if held {
+			return true
+		}
+	}
+	return false
+}
+
+// regional reports whether some bucket of bs holds a region's part of a
+// global limit (Resolved.Regional).
+func regional[K comparable](bs []LeaseBucket[K]) bool {
+	for i := range bs {
+		if bs[i].Res.Regional {
+			return true
+		}
+	}
+	return false
 }
 
 // shared reports whether this replica's writes on some bucket of bs found
@@ -310,8 +345,7 @@ func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mod
 			case atLimit:
 				unmet(hs[:len(bs)], bs, 0, now)
 				for k := range bs {
-					h := hs[k]
-					outrun = outrun || (h.renewing && rtt > 0 && h.drained(bs[k].Res, bs[k].FP, now, drainedRTTs*rtt))
+					outrun = outrun || hs[k].drainedRenewing(bs[k].Res, bs[k].FP, now, drainedRTTs*rtt)
 				}
 			}
 			return nil, nil, false, outrun

@@ -64,6 +64,13 @@ type Resolved struct {
 	Limits []bucket.Limit
 	Level  Level
 	Synced bool
+	// Regional: Limits are this region's part of a global limit
+	// (Global), which the regions hold together, not the whole of it.
+	// Such a bucket's answers are a share's, never one bucket's, even
+	// with one replica in the region, so near the limit its calls are
+	// answered from the lease rather than queued for the table
+	// (Leases.AtLimit).
+	Regional bool
 }
 
 // Resolve walks the four levels for (entity, resource): entity config for
