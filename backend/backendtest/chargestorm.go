@@ -3,6 +3,7 @@ package backendtest
 import (
 	"context"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,6 +26,26 @@ type ChargeLoad struct {
 	Run     time.Duration
 	// Deadline is each call's, as Envoy's filter timeout (0: 1 s).
 	Deadline time.Duration
+}
+
+// ChargeRunEnv names the environment variable that sets how long the
+// charge storms of the backends' TestChargesHoldTheBound run (a Go
+// duration; 3 s unless set): `make bench-charges` runs them for 20 s.
+const ChargeRunEnv = "SLUICE_CHARGE_RUN"
+
+// ChargeRun is how long a charge storm runs: ChargeRunEnv's duration, or
+// 3 s. A value that is not a positive duration fails t.
+func ChargeRun(t testing.TB) time.Duration {
+	t.Helper()
+	v := os.Getenv(ChargeRunEnv)
+	if v == "" {
+		return 3 * time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s=%q: want a positive Go duration such as 20s", ChargeRunEnv, v)
+	}
+	return d
 }
 
 // ChargeResult is what a ChargeLoad did.

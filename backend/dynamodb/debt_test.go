@@ -45,7 +45,7 @@ func TestChargesHoldTheBound(t *testing.T) {
 	}
 	l := lim(t, "tpm", "1000/s", 1000)
 	l.Debt = 3000 * bucket.Milli
-	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 3 * time.Second}
+	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
 	r := backendtest.ChargeStorm(ds, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
 	r.HoldsTheBound(t, l, load)
 	bk, ok, err := e.admin(t, "storm").GetBucket(t.Context(), "tenant", "chat")

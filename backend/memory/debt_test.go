@@ -25,7 +25,7 @@ func TestChargesHoldTheBound(t *testing.T) {
 	t.Cleanup(func() { b.Close() })
 	l := limit(t, "tpm=1000/s:1000")
 	l.Debt = 2000 * bucket.Milli
-	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 3 * time.Second}
+	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
 	r := backendtest.ChargeStorm([]backendtest.Decider{b}, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
 	r.HoldsTheBound(t, l, load)
 }

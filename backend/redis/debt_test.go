@@ -45,7 +45,7 @@ func TestChargesHoldTheBound(t *testing.T) {
 		ds = append(ds, newBackend(t, newClient(t, srv), Options{KeyPrefix: "storm", LeaseHorizon: 30 * time.Second, Call: farCall(5 * time.Millisecond)}))
 	}
 	l := bucket.Limit{Name: "tpm", Amount: 1000 * bucket.Milli, Period: bucket.Second, Burst: 1000 * bucket.Milli, Debt: 3000 * bucket.Milli}
-	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 3 * time.Second}
+	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
 	r := backendtest.ChargeStorm(ds, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
 	r.HoldsTheBound(t, l, load)
 	bk, ok, err := newAdmin(t, client, "storm", nil).GetBucket(t.Context(), "tenant", "chat")
