@@ -28,6 +28,11 @@ func TestChargesHoldTheBound(t *testing.T) {
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
 	r := backendtest.ChargeStorm([]backendtest.Decider{b}, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
 	r.HoldsTheBound(t, l, load)
+	snap, ok := b.Snapshot("tenant", "chat")
+	if !ok {
+		t.Fatal("the tenant's bucket is gone")
+	}
+	r.Counted(t, snap.States[0].Consumed, load)
 }
 
 // A global limit's charges land in their region's part of it: eu-west-1,
