@@ -156,3 +156,32 @@ func (r ChargeResult) Counted(t testing.TB, consumed int64, load ChargeLoad) {
 		t.Errorf("the bucket counts %d millitokens consumed, fewer than the %d charges answered (%d)", consumed, r.Charged, want)
 	}
 }
+
+// ChargeSpanAfterIdle holds the bound with debt over a span that starts
+// after idle: each of ds checks and charges a few requests (their
+// leases are taken), the bucket then sits idle until it has refilled to
+// its burst, and a storm of load (ChargeStorm) follows. The tokens its
+// admitted requests use, counted from its first check, must stay within
+// B + R*T + K*N: leases taken before the span are part of the burst the
+// span starts from, not spent on top of it. l is the tenant's limit;
+// its debt must hold K*N.
+func ChargeSpanAfterIdle(t *testing.T, ds []Decider, l bucket.Limit, load ChargeLoad) ChargeResult {
+	t.Helper()
+	req := backend.Request{Entity: "idle-tenant", Resource: "chat", Defaults: []bucket.Limit{l}}
+	for i := range 3 * len(ds) {
+		d := ds[i%len(ds)]
+		check, charge := req, req
+		charge.Hits, charge.Charge = load.Tokens, true
+		for _, r := range []*backend.Request{&check, &charge} {
+			if dec, err := d.Decide(context.Background(), r); err != nil || !dec.Allowed {
+				t.Fatalf("warm-up call %d (charge %v): %+v, %v", i, r.Charge, dec, err)
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Long enough for the bucket to refill to its burst twice over.
+	time.Sleep(time.Duration(2*l.Burst*l.Period/max(l.Amount, 1)) * time.Millisecond)
+	r := ChargeStorm(ds, req, load)
+	r.HoldsTheBound(t, l, load)
+	return r
+}

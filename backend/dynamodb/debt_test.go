@@ -55,6 +55,21 @@ func TestChargesHoldTheBound(t *testing.T) {
 	r.Counted(t, bk.States[0].Consumed, load)
 }
 
+// The bound with debt holds over a span that starts after idle, with the
+// leases of the tenant's first requests out (backendtest.ChargeSpanAfterIdle):
+// three replicas 5 ms from the table.
+func TestChargeSpanAfterIdle(t *testing.T) {
+	e := newEnv(t)
+	now := func() int64 { return time.Now().UnixMilli() }
+	var ds []backendtest.Decider
+	for range 3 {
+		ds = append(ds, e.replica(t, Options{Now: now, KeyPrefix: "idle"}, slowWrites{e.client, 5 * time.Millisecond}))
+	}
+	l := lim(t, "tpm", "1000/s", 1000)
+	l.Debt = 3000 * bucket.Milli
+	backendtest.ChargeSpanAfterIdle(t, ds, l, backendtest.ChargeLoad{Clients: 6, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 2 * time.Second})
+}
+
 // sluice buckets reset on DynamoDB Local (backendtest.ResetsBuckets).
 func TestResetBucket(t *testing.T) {
 	e := newEnv(t)

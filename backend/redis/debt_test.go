@@ -55,6 +55,19 @@ func TestChargesHoldTheBound(t *testing.T) {
 	r.Counted(t, bk.States[0].Consumed, load)
 }
 
+// The bound with debt holds over a span that starts after idle, with the
+// leases of the tenant's first requests out (backendtest.ChargeSpanAfterIdle):
+// three replicas 5 ms from Redis.
+func TestChargeSpanAfterIdle(t *testing.T) {
+	srv := redistest.Require(t)
+	var ds []backendtest.Decider
+	for range 3 {
+		ds = append(ds, newBackend(t, newClient(t, srv), Options{KeyPrefix: "idle", LeaseHorizon: 30 * time.Second, Call: farCall(5 * time.Millisecond)}))
+	}
+	l := bucket.Limit{Name: "tpm", Amount: 1000 * bucket.Milli, Period: bucket.Second, Burst: 1000 * bucket.Milli, Debt: 3000 * bucket.Milli}
+	backendtest.ChargeSpanAfterIdle(t, ds, l, backendtest.ChargeLoad{Clients: 6, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 2 * time.Second})
+}
+
 // sluice buckets reset on a real Redis (backendtest.ResetsBuckets).
 func TestResetBucket(t *testing.T) {
 	srv := redistest.Require(t)
