@@ -185,3 +185,39 @@ func ChargeSpanAfterIdle(t *testing.T, ds []Decider, l bucket.Limit, load Charge
 	r.HoldsTheBound(t, l, load)
 	return r
 }
+
+// FloodBesideCharges holds the other half of the debt rule: plain
+// requests (hits of their own, never charges) at three times a request
+// limit of 100 a second with a burst of 100, paced over ds for 3 s from
+// a fresh bucket, are admitted within [0.9, 1.0] of B + R*T + 1. A
+// denied request takes nothing, so a flood at an exhausted limit is
+// never locked out beyond its rate, while debt stays open to the
+// charges that other limits of the same rule file take (the limit's
+// default debt of one burst is in force).
+func FloodBesideCharges(t *testing.T, ds []Decider, l bucket.Limit) {
+	t.Helper()
+	if l.Amount != 100*bucket.Milli || l.Period != bucket.Second || l.Burst != 100*bucket.Milli {
+		t.Fatalf("FloodBesideCharges wants a limit of 100/s with a burst of 100, got %+v", l)
+	}
+	req := backend.Request{Entity: "flood", Resource: "api", Defaults: []bucket.Limit{l}, Hits: 1}
+	// A second of the same flood on another key first: a store's first
+	// seconds (a JVM compiling, connections opening) are no part of the
+	// rule under test.
+	warm := req
+	warm.Entity = "flood-warm"
+	t.Logf("the warm-up flood: %v", Paced(ds, warm, 300, time.Second, time.Second))
+	start := time.Now()
+	r := Paced(ds, req, 300, 3*time.Second, time.Second)
+	elapsed := time.Since(start)
+	bound := 100 + 100*elapsed.Seconds() + 1
+	t.Logf("%v; B + R*T + 1 = %.0f over %v (%.3f of it)", r, bound, elapsed.Round(time.Millisecond), float64(r.Admitted)/bound)
+	if float64(r.Admitted) > bound {
+		t.Errorf("admitted %d, over B + R*T + 1 = %.0f", r.Admitted, bound)
+	}
+	if float64(r.Admitted) < 0.9*bound {
+		t.Errorf("admitted %d, below 0.9 of B + R*T + 1 = %.0f", r.Admitted, bound)
+	}
+	if r.Failed > 0 {
+		t.Errorf("%d calls failed (first: %s)", r.Failed, r.FirstErr)
+	}
+}

@@ -111,3 +111,15 @@ func TestChargeOnAWarmLeaseCostsWhatAnAdmissionDoes(t *testing.T) {
 		t.Errorf("charges on a warm lease wrote %d times where admissions wrote %d", charges, admissions)
 	}
 }
+
+// A flood of plain requests at three times a request limit is admitted
+// at the limit's rate, as before debt (backendtest.FloodBesideCharges).
+func TestFloodAtARequestLimit(t *testing.T) {
+	e := newEnv(t)
+	now := func() int64 { return time.Now().UnixMilli() }
+	var ds []backendtest.Decider
+	for range 3 {
+		ds = append(ds, e.replica(t, Options{Now: now, KeyPrefix: "flood"}, slowWrites{e.client, 5 * time.Millisecond}))
+	}
+	backendtest.FloodBesideCharges(t, ds, lim(t, "rpm", "100/s", 100))
+}

@@ -52,3 +52,11 @@ func TestChargesLandInTheRegionsShare(t *testing.T) {
 		t.Error("a check was admitted in the region's debt")
 	}
 }
+
+// A flood of plain requests at three times a request limit is admitted
+// at the limit's rate, as before debt (backendtest.FloodBesideCharges).
+func TestFloodAtARequestLimit(t *testing.T) {
+	b := New(Options{SweepInterval: -1})
+	t.Cleanup(func() { b.Close() })
+	backendtest.FloodBesideCharges(t, []backendtest.Decider{b}, limit(t, "rpm=100/s:100"))
+}

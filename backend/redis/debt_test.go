@@ -74,3 +74,14 @@ func TestResetBucket(t *testing.T) {
 	client := newClient(t, srv)
 	backendtest.ResetsBuckets(t, newBackend(t, client, Options{KeyPrefix: "reset", LeaseHorizon: -1}), newAdmin(t, client, "reset", nil).ResetBucket)
 }
+
+// A flood of plain requests at three times a request limit is admitted
+// at the limit's rate, as before debt (backendtest.FloodBesideCharges).
+func TestFloodAtARequestLimit(t *testing.T) {
+	srv := redistest.Require(t)
+	var ds []backendtest.Decider
+	for range 3 {
+		ds = append(ds, newBackend(t, newClient(t, srv), Options{KeyPrefix: "flood", LeaseHorizon: 30 * time.Second, Call: farCall(5 * time.Millisecond)}))
+	}
+	backendtest.FloodBesideCharges(t, ds, bucket.Limit{Name: "rpm", Amount: 100 * bucket.Milli, Period: bucket.Second, Burst: 100 * bucket.Milli})
+}
