@@ -8,25 +8,28 @@ package ratelimit
 // descriptor in quota mode is (a caller whose every quota is spent has
 // nowhere left to go; while one quota has room, it passes, and the
 // descriptors' own codes tell which are spent). Unlimited descriptors
-// count as neither. Each descriptor keeps its own code.
+// count as neither, and so do those no limit decided (unmatched,
+// replaced, at a node without limits) unless every descriptor is in
+// quota mode. Each descriptor keeps its own code.
 type quotaTally struct {
 	overNormal, quota, overQuota int
-	// passed lists the descriptors not over their limit (unlimited ones
-	// excepted), in request order: those whose rules' metadata the
+	// passed lists the limited descriptors not over their limit, in
+	// request order: those whose rules' metadata the
 	// response's dynamic metadata carries. Kept only when keepPassed:
 	// without dynamic metadata it would cost every call an allocation.
 	passed     []int
 	keepPassed bool
 }
 
-// count records descriptor i, over its limit or not, in quota mode or not.
-func (q *quotaTally) count(i int, over, quota bool) {
+// count records descriptor i, over its limit or not, in quota mode or not,
+// decided by a limit or not.
+func (q *quotaTally) count(i int, over, quota, limited bool) {
 	switch {
 	case over && quota:
 		q.overQuota++
 	case over:
 		q.overNormal++
-	case q.keepPassed:
+	case q.keepPassed && limited:
 		q.passed = append(q.passed, i)
 	}
 	if quota {

@@ -165,3 +165,65 @@ func canonicalJSON(t *testing.T, s *structpb.Struct) string {
 	out, _ := json.Marshal(v)
 	return string(out)
 }
+
+// Only a descriptor that some limit decided is a quota and brings its
+// rule's metadata, as in envoyproxy/ratelimit, which gives a replaced
+// descriptor, or one ending at a node without rate_limit, no limit at
+// all: neither stops a request whose every real quota is spent from
+// being over, and neither adds its rule's metadata to a passing answer.
+// Under the global quota mode every descriptor but an unlimited one is a
+// quota, as QUOTA_MODE makes it there.
+func TestQuotaModeCountsOnlyLimitedDescriptors(t *testing.T) {
+	const yaml = `
+domain: r
+descriptors:
+  - key: model
+    value: a
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {a: 1}
+  - key: model
+    value: old
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, name: old}
+    metadata: {old: 1}
+  - key: model
+    value: new
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, replaces: [{name: old}]}
+  - key: tag
+    quota_mode: true
+    metadata: {tag: 1}
+`
+	newClient := func(opts ratelimit.Options) rlsv3.RateLimitServiceClient {
+		be := memory.New(memory.Options{SweepInterval: -1})
+		t.Cleanup(func() { be.Close() })
+		return serve(t, ratelimit.New(rules(t, yaml), be, opts))
+	}
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	req := &rlsv3.RateLimitRequest{Domain: "r", Descriptors: []*rlv3.RateLimitDescriptor{
+		desc("model", "a"), desc("model", "old"), desc("model", "new"), desc("tag", "x")}}
+	c := newClient(ratelimit.Options{DynamicMetadata: true})
+	first := call(t, c, req)
+	if got, want := statusCodes(first), []rlsv3.RateLimitResponse_Code{ok, ok, ok, ok, ok}; !slicesEqual(got, want) {
+		t.Errorf("first call: codes %v, want %v (overall first)", got, want)
+	}
+	if got, want := canonicalJSON(t, first.DynamicMetadata.GetFields()["metadata"].GetStructValue()), `{"a":1}`; got != want {
+		t.Errorf("first call: metadata %s, want %s: only a was decided by a limit", got, want)
+	}
+	// a and new are spent; old (replaced) and tag (no limit) are no
+	// quotas with room.
+	second := call(t, c, req)
+	if got, want := statusCodes(second), []rlsv3.RateLimitResponse_Code{over, over, ok, over, ok}; !slicesEqual(got, want) {
+		t.Errorf("second call: codes %v, want %v (overall first)", got, want)
+	}
+	if md := second.DynamicMetadata.GetFields()["metadata"]; md != nil {
+		t.Errorf("second call: metadata %v, want none", md)
+	}
+	// QUOTA_MODE: old and tag are quotas too, and they pass.
+	c = newClient(ratelimit.Options{QuotaMode: true})
+	call(t, c, req)
+	if got, want := statusCodes(call(t, c, req)), []rlsv3.RateLimitResponse_Code{ok, over, ok, over, ok}; !slicesEqual(got, want) {
+		t.Errorf("global quota mode, second call: codes %v, want %v (overall first)", got, want)
+	}
+}
