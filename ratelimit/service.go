@@ -35,8 +35,14 @@ type Options struct {
 	// counting, for every rule (rules can also opt in one by one).
 	ShadowMode bool
 	// QuotaMode puts every limited descriptor in quota mode, as each rule
-	// with quota_mode is: see quotaOverall.
+	// with quota_mode is: see quotaTally.
 	QuotaMode bool
+	// QuotaGroupKeys makes the quota-mode descriptors that carry the same
+	// values of these entry keys one quota, spent when any of them is
+	// over (Envoy AI Gateway: backend_name and model_name_override). Nil:
+	// each is a quota of its own, as in envoyproxy/ratelimit. See
+	// quotaTally.
+	QuotaGroupKeys []string
 	// DynamicMetadata adds the response's dynamic_metadata, as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does: see
 	// dynamicMetadata.
@@ -172,7 +178,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
 	}
 	var headers headerState
-	tally := quotaTally{keepPassed: s.opts.DynamicMetadata}
+	tally := quotaTally{groupKeys: s.opts.QuotaGroupKeys, keepPassed: s.opts.DynamicMetadata}
 	for i, d := range req.Descriptors {
 		m := matches[i]
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
@@ -207,7 +213,7 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 		if !unlimited {
 			// The global setting makes every descriptor but an unlimited
 			// one a quota, limited or not, as QUOTA_MODE does there.
-			tally.count(i, over, s.opts.QuotaMode || (limited && m.Rule.QuotaMode), limited)
+			tally.count(i, d, over, s.opts.QuotaMode || (limited && m.Rule.QuotaMode), limited)
 		}
 		if over {
 			s.stats.over.Add(1)
@@ -215,14 +221,15 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 			s.stats.ok.Add(1)
 		}
 	}
-	if tally.over() {
+	over, passed := tally.result()
+	if over {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if s.opts.ResponseHeaders {
 		resp.ResponseHeadersToAdd = headers.headers()
 	}
 	if s.opts.DynamicMetadata {
-		resp.DynamicMetadata = dynamicMetadata(req, matches, matched, tally.passed)
+		resp.DynamicMetadata = dynamicMetadata(req, matches, matched, passed)
 	}
 	return resp, nil
 }
