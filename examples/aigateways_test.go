@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwapiv1a2 "sigs.k8s.io/gateway-api/apis/v1alpha2"
 )
 
 // The token policy of docs/ai-gateways.md decodes strictly into Envoy
@@ -58,5 +60,101 @@ func TestAIGatewayTokenPolicy(t *testing.T) {
 	body := string(raw[strings.Index(string(raw), "apiVersion:"):])
 	if !strings.Contains(string(doc), "```yaml\n"+body+"```") {
 		t.Error("docs/ai-gateways.md does not show examples/ai-gateways/token-policy.yaml as it is")
+	}
+}
+
+// quotaPolicy is Envoy AI Gateway's QuotaPolicy (aigateway.envoyproxy.io/
+// v1alpha1), written here field by field from its API's definition: the Go
+// module github.com/envoyproxy/ai-gateway is not served by the module
+// proxy this project builds from (go get answers 403), so its own types
+// cannot be imported. Its fields that are other projects' types (the
+// Gateway API's target reference, Envoy Gateway's client selector) are
+// those projects' own Go types, which are imported. Status is left out:
+// a manifest does not set it.
+type quotaPolicy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              struct {
+		TargetRefs   []gwapiv1a2.LocalPolicyTargetReference `json:"targetRefs,omitempty"`
+		ServiceQuota struct {
+			CostExpression *string    `json:"costExpression,omitempty"`
+			Quota          quotaValue `json:"quota"`
+		} `json:"serviceQuota,omitempty"`
+		PerModelQuotas []struct {
+			ModelName *string `json:"modelName"`
+			Quota     struct {
+				CostExpression *string    `json:"costExpression,omitempty"`
+				Mode           string     `json:"mode,omitempty"`
+				DefaultBucket  quotaValue `json:"defaultBucket"`
+				BucketRules    []struct {
+					ClientSelectors []egv1a1.RateLimitSelectCondition `json:"clientSelectors,omitempty"`
+					Quota           quotaValue                        `json:"quota"`
+					ShadowMode      *bool                             `json:"shadowMode,omitempty"`
+				} `json:"bucketRules,omitempty"`
+			} `json:"quota"`
+		} `json:"perModelQuotas,omitempty"`
+	} `json:"spec,omitempty"`
+}
+
+type quotaValue struct {
+	Limit    uint   `json:"limit"`
+	Duration string `json:"duration"`
+}
+
+// The QuotaPolicy of docs/ai-gateways.md decodes strictly into that
+// struct, as the API server would take it, and is the shape the manual
+// and TestAIGatewayQuotaPolicy (package ratelimit) describe: one
+// AIServiceBackend, one model, a default bucket and a tenant's bucket
+// chosen by an Exact header, each over a duration AI Gateway's controller
+// turns into a rate-limit unit. The manual shows the file as it is.
+func TestAIGatewayQuotaPolicyExample(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("ai-gateways", "quota-policy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := yamlToJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p quotaPolicy
+	if err := strictJSON(js, &p); err != nil {
+		t.Fatalf("quota-policy.yaml: %v", err)
+	}
+	if p.APIVersion != "aigateway.envoyproxy.io/v1alpha1" || p.Kind != "QuotaPolicy" {
+		t.Fatalf("quota-policy.yaml is a %s %s", p.APIVersion, p.Kind)
+	}
+	if refs := p.Spec.TargetRefs; len(refs) != 1 || refs[0].Kind != "AIServiceBackend" || refs[0].Group != "aigateway.envoyproxy.io" {
+		t.Errorf("targetRefs %+v, want one AIServiceBackend", refs)
+	}
+	units := map[string]bool{"1s": true, "1m": true, "1h": true, "1d": true}
+	if len(p.Spec.PerModelQuotas) != 1 {
+		t.Fatalf("%d per-model quotas, want 1", len(p.Spec.PerModelQuotas))
+	}
+	q := p.Spec.PerModelQuotas[0]
+	if q.ModelName == nil || *q.ModelName == "" {
+		t.Error("the per-model quota names no model")
+	}
+	if q.Quota.DefaultBucket.Limit == 0 || !units[q.Quota.DefaultBucket.Duration] {
+		t.Errorf("default bucket %+v: want a limit over 1s, 1m, 1h or 1d", q.Quota.DefaultBucket)
+	}
+	if len(q.Quota.BucketRules) != 1 {
+		t.Fatalf("%d bucket rules, want the tenant's", len(q.Quota.BucketRules))
+	}
+	r := q.Quota.BucketRules[0]
+	if !units[r.Quota.Duration] || r.Quota.Limit == 0 || r.Quota.Limit >= q.Quota.DefaultBucket.Limit {
+		t.Errorf("tenant bucket %+v: want a smaller limit than the default bucket's, over 1s, 1m, 1h or 1d", r.Quota)
+	}
+	if len(r.ClientSelectors) != 1 || len(r.ClientSelectors[0].Headers) != 1 ||
+		r.ClientSelectors[0].Headers[0].Type == nil || *r.ClientSelectors[0].Headers[0].Type != egv1a1.HeaderMatchExact {
+		t.Errorf("tenant bucket selectors %+v: want one Exact header", r.ClientSelectors)
+	}
+
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "ai-gateways.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := string(raw[strings.Index(string(raw), "apiVersion:"):])
+	if !strings.Contains(string(doc), "```yaml\n"+body+"```") {
+		t.Error("docs/ai-gateways.md does not show examples/ai-gateways/quota-policy.yaml as it is")
 	}
 }

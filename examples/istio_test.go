@@ -579,6 +579,7 @@ func TestEveryEnvoyConfigIsChecked(t *testing.T) {
 		"examples/envoy-gateway/policy.yaml":               true, // TestEnvoyGatewayDemo
 		"examples/rlqs/envoy.yaml":                         true, // TestRLQSExampleIsValid
 		"examples/ai-gateways/token-policy.yaml":           true, // TestAIGatewayTokenPolicy
+		"examples/ai-gateways/quota-policy.yaml":           true, // TestAIGatewayQuotaPolicyExample
 	}
 	// The Helm chart's templates render only with Helm's engine: the
 	// chart's own module (charts/chartcheck) renders every values file

@@ -165,3 +165,163 @@ func canonicalJSON(t *testing.T, s *structpb.Struct) string {
 	out, _ := json.Marshal(v)
 	return string(out)
 }
+
+// Only a descriptor that some limit decided is a quota and brings its
+// rule's metadata, as in envoyproxy/ratelimit, which gives a replaced
+// descriptor, or one ending at a node without rate_limit, no limit at
+// all: neither stops a request whose every real quota is spent from
+// being over, and neither adds its rule's metadata to a passing answer.
+// Under the global quota mode every descriptor but an unlimited one is a
+// quota, as QUOTA_MODE makes it there.
+func TestQuotaModeCountsOnlyLimitedDescriptors(t *testing.T) {
+	const yaml = `
+domain: r
+descriptors:
+  - key: model
+    value: a
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata: {a: 1}
+  - key: model
+    value: old
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, name: old}
+    metadata: {old: 1}
+  - key: model
+    value: new
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1, replaces: [{name: old}]}
+  - key: tag
+    quota_mode: true
+    metadata: {tag: 1}
+`
+	newClient := func(opts ratelimit.Options) rlsv3.RateLimitServiceClient {
+		be := memory.New(memory.Options{SweepInterval: -1})
+		t.Cleanup(func() { be.Close() })
+		return serve(t, ratelimit.New(rules(t, yaml), be, opts))
+	}
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	req := &rlsv3.RateLimitRequest{Domain: "r", Descriptors: []*rlv3.RateLimitDescriptor{
+		desc("model", "a"), desc("model", "old"), desc("model", "new"), desc("tag", "x")}}
+	c := newClient(ratelimit.Options{DynamicMetadata: true})
+	first := call(t, c, req)
+	if got, want := statusCodes(first), []rlsv3.RateLimitResponse_Code{ok, ok, ok, ok, ok}; !slicesEqual(got, want) {
+		t.Errorf("first call: codes %v, want %v (overall first)", got, want)
+	}
+	if got, want := canonicalJSON(t, first.DynamicMetadata.GetFields()["metadata"].GetStructValue()), `{"a":1}`; got != want {
+		t.Errorf("first call: metadata %s, want %s: only a was decided by a limit", got, want)
+	}
+	// a and new are spent; old (replaced) and tag (no limit) are no
+	// quotas with room.
+	second := call(t, c, req)
+	if got, want := statusCodes(second), []rlsv3.RateLimitResponse_Code{over, over, ok, over, ok}; !slicesEqual(got, want) {
+		t.Errorf("second call: codes %v, want %v (overall first)", got, want)
+	}
+	if md := second.DynamicMetadata.GetFields()["metadata"]; md != nil {
+		t.Errorf("second call: metadata %v, want none", md)
+	}
+	// QUOTA_MODE: old and tag are quotas too, and they pass.
+	c = newClient(ratelimit.Options{QuotaMode: true})
+	call(t, c, req)
+	if got, want := statusCodes(call(t, c, req)), []rlsv3.RateLimitResponse_Code{ok, over, ok, over, ok}; !slicesEqual(got, want) {
+		t.Errorf("global quota mode, second call: codes %v, want %v (overall first)", got, want)
+	}
+}
+
+// Two backends, each guarded by a tenant's bucket and a default bucket,
+// as Envoy AI Gateway's QuotaPolicy sends them (its issue 2460): with the
+// group keys, a backend whose tenant bucket is spent is spent, though its
+// default bucket has room; the request is over once every backend is,
+// and the metadata names only the backends with room. Without them, every
+// descriptor is a quota of its own (envoyproxy/ratelimit): the default
+// buckets keep the request passing and the spent backend listed.
+func TestQuotaGroups(t *testing.T) {
+	const yaml = `
+domain: g
+descriptors:
+  - key: backend
+    value: a
+    descriptors:
+      - key: tenant
+        quota_mode: true
+        rate_limit: {unit: hour, requests_per_unit: 1}
+        metadata: {up: {a: tenant}}
+      - key: default
+        quota_mode: true
+        rate_limit: {unit: hour, requests_per_unit: 10}
+        metadata: {up: {a: default}}
+  - key: backend
+    value: b
+    descriptors:
+      - key: tenant
+        quota_mode: true
+        rate_limit: {unit: hour, requests_per_unit: 2}
+        metadata: {up: {b: tenant}}
+      - key: default
+        quota_mode: true
+        rate_limit: {unit: hour, requests_per_unit: 10}
+        metadata: {up: {b: default}}
+  - key: spare
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+    metadata: {spare: true}
+`
+	newClient := func(keys ...string) rlsv3.RateLimitServiceClient {
+		be := memory.New(memory.Options{SweepInterval: -1})
+		t.Cleanup(func() { be.Close() })
+		return serve(t, ratelimit.New(rules(t, yaml), be, ratelimit.Options{DynamicMetadata: true, QuotaGroupKeys: keys}))
+	}
+	ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT
+	req := &rlsv3.RateLimitRequest{Domain: "g", Descriptors: []*rlv3.RateLimitDescriptor{
+		desc("backend", "a", "tenant", "acme"), desc("backend", "a", "default", "d"),
+		desc("backend", "b", "tenant", "acme"), desc("backend", "b", "default", "d")}}
+	type step struct {
+		codes    []rlsv3.RateLimitResponse_Code
+		metadata string
+	}
+	for _, tc := range []struct {
+		name  string
+		keys  []string
+		steps []step
+	}{
+		{"grouped by backend", []string{"backend"}, []step{
+			{[]rlsv3.RateLimitResponse_Code{ok, ok, ok, ok, ok}, `{"up":{"a":"tenant","b":"tenant"}}`},
+			// a's tenant bucket is spent: a is, b is not.
+			{[]rlsv3.RateLimitResponse_Code{ok, over, ok, ok, ok}, `{"up":{"b":"tenant"}}`},
+			// Both spent: over, though both default buckets have room.
+			{[]rlsv3.RateLimitResponse_Code{over, over, ok, over, ok}, `null`},
+		}},
+		{"each descriptor its own quota", nil, []step{
+			{[]rlsv3.RateLimitResponse_Code{ok, ok, ok, ok, ok}, `{"up":{"a":"tenant","b":"tenant"}}`},
+			{[]rlsv3.RateLimitResponse_Code{ok, over, ok, ok, ok}, `{"up":{"a":"default","b":"tenant"}}`},
+			{[]rlsv3.RateLimitResponse_Code{ok, over, ok, over, ok}, `{"up":{"a":"default","b":"default"}}`},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newClient(tc.keys...)
+			for i, s := range tc.steps {
+				resp := call(t, c, req)
+				if got := statusCodes(resp); !slicesEqual(got, s.codes) {
+					t.Errorf("call %d: codes %v, want %v (overall first)", i+1, got, s.codes)
+				}
+				if got := canonicalJSON(t, resp.DynamicMetadata.GetFields()["metadata"].GetStructValue()); got != s.metadata {
+					t.Errorf("call %d: metadata %s, want %s", i+1, got, s.metadata)
+				}
+			}
+		})
+	}
+	// A quota descriptor with none of the keys is a quota of its own: with
+	// room, it keeps a request passing whose backends are all spent.
+	c := newClient("backend")
+	withSpare := &rlsv3.RateLimitRequest{Domain: "g", Descriptors: append(req.Descriptors[:4:4], desc("spare", "s"))}
+	for range 2 {
+		call(t, c, withSpare)
+	}
+	resp := call(t, c, withSpare)
+	if got, want := statusCodes(resp), []rlsv3.RateLimitResponse_Code{ok, over, ok, over, ok, ok}; !slicesEqual(got, want) {
+		t.Errorf("with a spare quota: codes %v, want %v (overall first)", got, want)
+	}
+	if got, want := canonicalJSON(t, resp.DynamicMetadata.GetFields()["metadata"].GetStructValue()), `{"spare":true}`; got != want {
+		t.Errorf("with a spare quota: metadata %s, want %s", got, want)
+	}
+}

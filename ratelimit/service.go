@@ -35,8 +35,14 @@ type Options struct {
 	// counting, for every rule (rules can also opt in one by one).
 	ShadowMode bool
 	// QuotaMode puts every limited descriptor in quota mode, as each rule
-	// with quota_mode is: see quotaOverall.
+	// with quota_mode is: see quotaTally.
 	QuotaMode bool
+	// QuotaGroupKeys makes the quota-mode descriptors that carry the same
+	// values of these entry keys one quota, spent when any of them is
+	// over (Envoy AI Gateway: backend_name and model_name_override). Nil:
+	// each is a quota of its own, as in envoyproxy/ratelimit. See
+	// quotaTally.
+	QuotaGroupKeys []string
 	// DynamicMetadata adds the response's dynamic_metadata, as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does: see
 	// dynamicMetadata.
@@ -172,12 +178,18 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
 	}
 	var headers headerState
-	tally := quotaTally{keepPassed: s.opts.DynamicMetadata}
+	tally := quotaTally{groupKeys: s.opts.QuotaGroupKeys, keepPassed: s.opts.DynamicMetadata}
 	for i, d := range req.Descriptors {
 		m := matches[i]
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
 		unlimited := matched[i] && m.Rule != nil && m.Rule.Unlimited
+		// limited: some limit decided the descriptor. Only such a
+		// descriptor is a quota of its own and carries its rule's
+		// metadata: envoyproxy/ratelimit gives an unmatched or replaced
+		// descriptor, or one ending at a node without rate_limit, no
+		// limit, so neither its quota_mode nor its metadata.
+		limited := false
 		switch {
 		case !matched[i] || m.Rule == nil:
 			s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: knownDomain, Outcome: OutcomeUnmatched})
@@ -191,14 +203,17 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 			if backendCtx == nil {
 				backendCtx, cancel = s.backendContext(ctx)
 			}
-			if err := s.decide(ctx, backendCtx, req, d, m, st, &headers); err != nil {
+			var err error
+			if limited, err = s.decide(ctx, backendCtx, req, d, m, st, &headers); err != nil {
 				return nil, err
 			}
 			headers.observe(st)
 		}
 		over := st.Code == rlsv3.RateLimitResponse_OVER_LIMIT
 		if !unlimited {
-			tally.count(i, over, s.opts.QuotaMode || (matched[i] && m.Rule != nil && m.Rule.QuotaMode))
+			// The global setting makes every descriptor but an unlimited
+			// one a quota, limited or not, as QUOTA_MODE does there.
+			tally.count(i, d, over, s.opts.QuotaMode || (limited && m.Rule.QuotaMode), limited)
 		}
 		if over {
 			s.stats.over.Add(1)
@@ -206,14 +221,15 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 			s.stats.ok.Add(1)
 		}
 	}
-	if tally.over() {
+	over, passed := tally.result()
+	if over {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if s.opts.ResponseHeaders {
 		resp.ResponseHeadersToAdd = headers.headers()
 	}
 	if s.opts.DynamicMetadata {
-		resp.DynamicMetadata = dynamicMetadata(req, matches, matched, tally.passed)
+		resp.DynamicMetadata = dynamicMetadata(req, matches, matched, passed)
 	}
 	return resp, nil
 }
@@ -234,9 +250,12 @@ func (s *Service) backendContext(ctx context.Context) (context.Context, context.
 	return context.WithDeadline(ctx, deadline.Add(-reserve))
 }
 
-// decide fills st for one limited descriptor. backendCtx bounds the
-// backend's work; ctx is the call's own (traces, metrics).
-func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRequest, d *rlv3.RateLimitDescriptor, m descriptors.Match, st *rlsv3.RateLimitResponse_DescriptorStatus, headers *headerState) error {
+// decide fills st for one descriptor that reaches the backend. backendCtx
+// bounds the backend's work; ctx is the call's own (traces, metrics).
+// limited reports that some limit decided it: the backend found one, or
+// failed, and then the failure policy stands for the limits it could not
+// read.
+func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRequest, d *rlv3.RateLimitDescriptor, m descriptors.Match, st *rlsv3.RateLimitResponse_DescriptorStatus, headers *headerState) (limited bool, _ error) {
 	weight := hits(req, d)
 	breq := backend.Request{
 		Entity:   m.Entity,
@@ -256,9 +275,10 @@ func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRe
 		dec, err = s.backend.Decide(backendCtx, &breq)
 	}
 	outcome := OutcomeOK
+	limited = err != nil || dec.Limited()
 	if err != nil {
 		if err := s.onBackendError(ctx, req.Domain, m, err, st); err != nil {
-			return err
+			return true, err
 		}
 	} else if dec.Limited() {
 		fillStatus(st, dec, m.Rule)
@@ -280,7 +300,7 @@ func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRe
 	}
 	s.opts.Observer.Decided(ctx, Decided{Domain: req.Domain, KnownDomain: true, Rule: m.Rule, Entity: m.Entity,
 		Entries: d.GetEntries(), Hits: weight, Refund: d.GetIsNegativeHits(), Outcome: outcome})
-	return nil
+	return limited, nil
 }
 
 func (s *Service) onBackendError(ctx context.Context, domain string, m descriptors.Match, err error, st *rlsv3.RateLimitResponse_DescriptorStatus) error {

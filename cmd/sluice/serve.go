@@ -56,6 +56,7 @@ type serveOptions struct {
 	memoryMaxBuckets              int
 	shadowMode                    bool
 	quotaMode                     bool
+	quotaGroupKeys                []string
 	dynamicMetadata               bool
 	responseHeaders               bool
 	pprof                         bool
@@ -138,6 +139,7 @@ func (o *serveOptions) register(f *pflag.FlagSet) {
 	f.IntVar(&o.memoryMaxBuckets, "memory-max-buckets", memory.DefaultMaxBuckets, "memory backend: most buckets held; least recently used go first")
 	f.BoolVar(&o.shadowMode, "shadow-mode", false, "decide and count, but answer OK to every request")
 	f.BoolVar(&o.quotaMode, "quota-mode", false, "treat every limited descriptor as quota_mode does: over its limit, it fails a request only when all of the request's quota-mode descriptors are")
+	f.StringSliceVar(&o.quotaGroupKeys, "quota-group-keys", nil, "entry keys (comma-separated) whose values make a request's quota-mode descriptors one quota, spent when any of them is over: backend_name,model_name_override for Envoy AI Gateway's QuotaPolicy; empty: each is a quota of its own")
 	f.BoolVar(&o.dynamicMetadata, "response-dynamic-metadata", false, "add dynamic metadata to every answer: the domain, the descriptors and the metadata of the rules that passed")
 	f.BoolVar(&o.responseHeaders, "response-headers", false, "add RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset, RateLimit-Policy and RateLimit to responses")
 	f.BoolVar(&o.pprof, "pprof", false, "serve /debug/pprof/ on the debug address")
@@ -259,6 +261,7 @@ func startServer(ctx context.Context, o serveOptions, log *slog.Logger) (*server
 	s.service = ratelimit.New(rules, tel.Backend(o.backend, decider), ratelimit.Options{
 		ShadowMode:      o.shadowMode,
 		QuotaMode:       o.quotaMode,
+		QuotaGroupKeys:  o.quotaGroupKeys,
 		DynamicMetadata: o.dynamicMetadata,
 		OnBackendError:  policy,
 		ResponseHeaders: o.responseHeaders,
