@@ -1,6 +1,12 @@
 package bucket
 
-import "github.com/sluice-rl/sluice/backend/bucket/period"
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sluice-rl/sluice/backend/bucket/period"
+)
 
 // A budget (Limit.Calendar) is a limit that is given its amount in full
 // at the start of each calendar period and does not refill in between:
@@ -64,7 +70,7 @@ func refillBudget(l Limit, s State, now int64) State {
 		s.AtRoomSince = 0
 	}
 	if room := Room(l, s); s.Tokens >= room {
-		s.Tokens = room
+		s.Tokens, s.Clock = room, max(s.Clock, now)
 		if s.AtRoomSince == 0 {
 			s.AtRoomSince = max(s.Clock, now)
 		}
@@ -96,4 +102,41 @@ func waitBudget(l Limit, s State, need, now int64) int64 {
 		b = period.Next(l.Calendar, l.Zone, b, 1)
 	}
 	return max(b.End-now, 1)
+}
+
+// LeaseEndOf is the earliest LeaseEnd of limits: a bucket's limits lease
+// together, so its leases end before the first boundary of any of its
+// budgets.
+func LeaseEndOf(limits []Limit, now int64) int64 {
+	end := int64(1<<63 - 1)
+	for _, l := range limits {
+		end = min(end, LeaseEnd(l, now))
+	}
+	return end
+}
+
+// CalendarKey is how a store records a budget's calendar beside its
+// numbers: "month/Europe/Berlin" (unit, then zone); "" for a rate.
+func (l Limit) CalendarKey() string {
+	if !l.IsBudget() {
+		return ""
+	}
+	return l.Calendar.String() + "/" + l.ZoneName()
+}
+
+// ParseCalendarKey reads CalendarKey's form back; "" is a rate.
+func ParseCalendarKey(s string) (period.Unit, *time.Location, error) {
+	if s == "" {
+		return period.None, nil, nil
+	}
+	unit, zone, _ := strings.Cut(s, "/")
+	u, err := period.ParseUnit(unit)
+	if err != nil {
+		return period.None, nil, fmt.Errorf("calendar %q: %w", s, err)
+	}
+	loc, err := period.LoadZone(zone)
+	if err != nil {
+		return period.None, nil, fmt.Errorf("calendar %q: %w", s, err)
+	}
+	return u, loc, nil
 }
