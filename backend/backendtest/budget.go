@@ -162,3 +162,77 @@ func BudgetsResetAtTheBoundary(t *testing.T, d Decider, clock *Clock, stored fun
 		t.Fatalf("a full budget: allowed %v, wait %d", dec.Allowed, dec.Results[1].Wait)
 	}
 }
+
+// BudgetPhases are the instants BudgetHoldsAcrossBoundaries decides at,
+// in Berlin: the last seconds of 2026-10-24, the first of the 25th (a
+// day of 25 hours), its noon and its last seconds, and the 26th.
+func BudgetPhases() []int64 {
+	berlin := mustZone("Europe/Berlin")
+	return []int64{
+		time.Date(2026, 10, 24, 23, 59, 55, 0, berlin).UnixMilli(),
+		time.Date(2026, 10, 25, 0, 0, 1, 0, berlin).UnixMilli(),
+		time.Date(2026, 10, 25, 12, 0, 0, 0, berlin).UnixMilli(),
+		time.Date(2026, 10, 25, 23, 59, 59, 0, berlin).UnixMilli(),
+		time.Date(2026, 10, 26, 0, 0, 0, 0, berlin).UnixMilli(),
+	}
+}
+
+// BudgetHoldsAcrossBoundaries has ds (replicas of one store, or one
+// backend) admit requests of 1 to 5 tokens, four callers each, against
+// a budget of 500 tokens a day in Berlin, at each of BudgetPhases in
+// turn (the clock stands still within a phase, so that each call's day
+// is known; a few calls in the first, so that leases hold some of its
+// budget when it ends, 150 per caller in the others): what is admitted in each calendar day is at most its
+// budget, whatever the leases held when the day ended, and a new day is
+// not starved by the old one's leases. It returns what each day admitted.
+func BudgetHoldsAcrossBoundaries(t *testing.T, ds []Decider, clock *Clock) []int64 {
+	t.Helper()
+	l := bucket.Limit{Name: "tpd", Amount: 500 * bucket.Milli, Period: bucket.Day, Burst: 500 * bucket.Milli,
+		Calendar: period.Day, Zone: mustZone("Europe/Berlin")}
+	var days []int64
+	var lastDay int64
+	// Few calls in the last seconds of the first day, so that leases
+	// hold tokens of it when it ends; then more than a day's budget.
+	calls := []int{5, 150, 150, 150, 150}
+	for i, at := range BudgetPhases() {
+		clock.Set(at)
+		day := bucket.Periods(l, at).Index
+		if i == 0 || day != lastDay {
+			days = append(days, 0)
+			lastDay = day
+		}
+		var admitted atomic.Int64
+		done := make(chan struct{})
+		workers := 0
+		for k, d := range ds {
+			for w := range 4 {
+				workers++
+				go func() {
+					defer func() { done <- struct{}{} }()
+					for n := range calls[i] {
+						hits := uint64(1 + (k+w+n)%5)
+						dec, err := d.Decide(context.Background(), &backend.Request{Entity: "tenant", Resource: "budget",
+							Defaults: []bucket.Limit{l}, Hits: hits})
+						if err != nil {
+							t.Errorf("phase %d: %v", i, err)
+							return
+						}
+						if dec.Allowed {
+							admitted.Add(int64(hits))
+						}
+					}
+				}()
+			}
+		}
+		for range workers {
+			<-done
+		}
+		days[len(days)-1] += admitted.Load()
+	}
+	for i, n := range days {
+		if n > 500 {
+			t.Errorf("day %d admitted %d tokens of a budget of 500", i, n)
+		}
+	}
+	return days
+}
