@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/bucket/period"
 )
 
 func TestBucketTTLBySource(t *testing.T) {
@@ -16,6 +17,10 @@ func TestBucketTTLBySource(t *testing.T) {
 	slow := bucket.Limit{Name: "slow", Amount: 60 * bucket.Milli, Period: bucket.Minute, Burst: 120 * bucket.Milli}
 	frozen := bucket.Limit{Name: "frozen", Amount: 0, Period: bucket.Second, Burst: 5 * bucket.Milli}
 	both := []bucket.Limit{fast, slow}
+	// A budget fills at its boundary, at most its longest period away: a
+	// bucket written at a month's first instant outlives the month even
+	// at multiplier 1.
+	month := bucket.Limit{Name: "month", Amount: 1000 * bucket.Milli, Period: bucket.Month, Burst: 1000 * bucket.Milli, Calendar: period.Month}
 	cases := []struct {
 		name  string
 		r     Resolved
@@ -32,6 +37,8 @@ func TestBucketTTLBySource(t *testing.T) {
 		{"multiplier 0 turns TTLs off", Resolved{Limits: both, Level: LevelResource, Synced: false}, 0, 0, false},
 		{"negative multiplier turns TTLs off", Resolved{Limits: both, Level: LevelResource, Synced: false}, -1, 0, false},
 		{"a never-refilling burst is kept", Resolved{Limits: []bucket.Limit{fast, frozen}, Level: LevelResource, Synced: false}, 7, 0, false},
+		{"a month budget beside rates", Resolved{Limits: []bucket.Limit{fast, month}, Level: LevelResource, Synced: false}, 7, 7 * (31*bucket.Day + bucket.Hour), true},
+		{"a month budget at multiplier 1", Resolved{Limits: []bucket.Limit{month}, Level: LevelResource, Synced: false}, 1, 31*bucket.Day + bucket.Hour, true},
 		{"no overflow", Resolved{Limits: []bucket.Limit{{Name: "x", Amount: 1, Period: bucket.MaxPeriod, Burst: bucket.MaxTokens * bucket.Milli}}, Level: LevelResource, Synced: false}, 7, math.MaxInt64, true},
 	}
 	for _, c := range cases {

@@ -389,6 +389,9 @@ func (ls *Leases[K]) Credit(b *LeaseBucket[K], grant []int64, view BucketView, w
 		// a margin after it, for any writer's clock.
 		h.expires = min(h.expires, h.win*ls.LeaseWindowMs())
 	}
+	// Nor past a budget's period: the next one drops what leases of
+	// this one hold (bucket.LeaseEnd).
+	h.expires = min(h.expires, bucket.LeaseEndOf(b.Res.Limits, now))
 	h.used = max(h.used, now)
 	ls.stats.Leased.Add(uint64(sum))
 	ls.stats.LeaseOutstanding.Add(sum)
@@ -415,7 +418,7 @@ func (ls *Leases[K]) Add(b *LeaseBucket[K], tokens []int64, now int64) {
 		h.tokens[i] += v
 	}
 	h.refilled()
-	h.expires = max(h.expires, now+2*ls.Horizon())
+	h.expires = min(max(h.expires, now+2*ls.Horizon()), bucket.LeaseEndOf(b.Res.Limits, now))
 	h.used = max(h.used, now)
 	ls.stats.Leased.Add(uint64(sum))
 	ls.stats.LeaseOutstanding.Add(sum)

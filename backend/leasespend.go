@@ -34,6 +34,11 @@ func (ls *Leases[K]) Asks(b *LeaseBucket[K], view BucketView, now, rtt int64) []
 		}
 		h.align(b.Res, b.FP)
 	}
+	if now >= bucket.LeaseEndOf(b.Res.Limits, now) {
+		// The last moments of a budget's period: a lease would end
+		// before it could be spent (bucket.LeaseEnd).
+		return nil
+	}
 	tau, window := ls.Horizon(), ls.policy.WindowMs()
 	fast := h.grantedAt > 0 && now-h.grantedAt < tau/2
 	asks := make([]lease.Ask, len(h.own))

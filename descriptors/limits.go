@@ -4,10 +4,12 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/bucket/period"
 )
 
 // isEnvoyUnit reports whether unit is one of the rate_limit units of
@@ -152,9 +154,10 @@ func (p *fileParser) wholeTokens(g map[string]field, key, name string) (n int64,
 	return n, true, true
 }
 
-// limit parses one entry of `limits`: {name, rate, burst, cost, debt}.
+// limit parses one entry of `limits`: {name, rate, burst, cost, debt,
+// period, zone}.
 func (p *fileParser) limit(n *yaml.Node) (bucket.Limit, bool) {
-	g := p.fields(n, "limits entry", "name", "rate", "burst", "cost", "debt")
+	g := p.fields(n, "limits entry", "name", "rate", "burst", "cost", "debt", "period", "zone")
 	var l bucket.Limit
 	nf, ok := g["name"]
 	if !ok {
@@ -177,9 +180,7 @@ func (p *fileParser) limit(n *yaml.Node) (bucket.Limit, bool) {
 	if !ok {
 		return l, false
 	}
-	var err error
-	if l.Amount, l.Period, err = bucket.ParseRate(rate); err != nil {
-		p.errorf(rf.val.Line, "limit %q: %v", l.Name, err)
+	if !p.calendar(&l, g, rate, rf.val.Line) {
 		return l, false
 	}
 	l.Burst = l.Amount
@@ -215,4 +216,67 @@ func (p *fileParser) limit(n *yaml.Node) (bucket.Limit, bool) {
 		return l, false
 	}
 	return l, true
+}
+
+// calendar reads limit l's rate, and its period and zone if it is a
+// budget (a limit with `period: month`, or `zone` and a rate whose unit
+// is a period), into l. An unknown period or zone is refused at its own
+// line. Limits of one file that name one zone share its Location, so
+// that they compare equal (bucket.Limit.Zone).
+func (p *fileParser) calendar(l *bucket.Limit, g map[string]field, rate string, rateLine int) bool {
+	spec := bucket.Spec{Name: l.Name, Rate: rate}
+	line := rateLine
+	if f, ok := g["period"]; ok {
+		if spec.Period, ok = p.str(f.val, "limits.period"); !ok {
+			return false
+		}
+		if _, err := period.ParseUnit(spec.Period); err != nil {
+			p.errorf(f.val.Line, "limit %q: period: %v", l.Name, err)
+			return false
+		}
+	}
+	if f, ok := g["zone"]; ok {
+		if spec.Zone, ok = p.str(f.val, "limits.zone"); !ok {
+			return false
+		}
+		if _, err := p.zone(spec.Zone); err != nil {
+			p.errorf(f.val.Line, "limit %q: zone: %v", l.Name, err)
+			return false
+		}
+		if spec.Period == "" && !strings.Contains(rate, "/") {
+			line = f.val.Line
+		}
+	}
+	if spec.Period == "" && spec.Zone == "" {
+		var err error
+		if l.Amount, l.Period, err = bucket.ParseRate(rate); err != nil {
+			p.errorf(rateLine, "limit %q: %v", l.Name, err)
+			return false
+		}
+		return true
+	}
+	b, err := spec.Limit()
+	if err != nil {
+		p.errorf(line, "%v", err)
+		return false
+	}
+	l.Amount, l.Period, l.Calendar = b.Amount, b.Period, b.Calendar
+	l.Zone, _ = p.zone(spec.Zone)
+	return true
+}
+
+// zone loads the time zone called name once per file.
+func (p *fileParser) zone(name string) (*time.Location, error) {
+	if loc, ok := p.zones[name]; ok {
+		return loc, nil
+	}
+	loc, err := period.LoadZone(name)
+	if err != nil {
+		return nil, err
+	}
+	if p.zones == nil {
+		p.zones = map[string]*time.Location{}
+	}
+	p.zones[name] = loc
+	return loc, nil
 }

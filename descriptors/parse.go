@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -70,7 +71,8 @@ type fileParser struct {
 	name       string // the top-level name (Envoy Gateway writes one), or ""
 	root       level
 	rules      []*Rule
-	paths      map[string]int // the line of the node that has each path
+	paths      map[string]int            // the line of the node that has each path
+	zones      map[string]*time.Location // loaded once per file (calendar)
 }
 
 func (p *fileParser) errorf(line int, format string, args ...any) {

@@ -14,6 +14,7 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/bucket/period"
 )
 
 // wantErr is one expected problem: in file, at line, with msg in its text.
@@ -146,6 +147,20 @@ func TestValidationErrors(t *testing.T) {
 			[]wantErr{{"a.yaml", 7, "burst: want a whole number of tokens"}}},
 		{"bad debt", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - name: a\n        rate: 1/s\n        debt: -5\n"},
 			[]wantErr{{"a.yaml", 7, `limit "a": debt: want a whole number of tokens`}}},
+		{"budget in a zone that does not exist", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - name: a\n        rate: 1000\n        period: month\n        zone: Europe/Atlantis\n"},
+			[]wantErr{{"a.yaml", 8, `limit "a": zone: time zone "Europe/Atlantis" does not exist`}}},
+		{"budget for a period that is no calendar's", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - name: a\n        rate: 1000\n        period: fortnight\n"},
+			[]wantErr{{"a.yaml", 7, `limit "a": period: unknown period "fortnight"`}}},
+		{"budget for an hour", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - {name: a, rate: 1000, period: hour}\n"},
+			[]wantErr{{"a.yaml", 5, `limit "a": period: unknown period "hour"`}}},
+		{"budget whose rate is for another unit", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - name: a\n        rate: 1000/day\n        period: month\n"},
+			[]wantErr{{"a.yaml", 6, `a budget for a month is N or N/month`}}},
+		{"zone on a rate", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - name: a\n        rate: 1000/min\n        zone: UTC\n"},
+			[]wantErr{{"a.yaml", 6, `a zone is for a budget`}}},
+		{"budget with a burst", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - {name: a, rate: 1000, period: month, burst: 2000}\n"},
+			[]wantErr{{"a.yaml", 5, `a budget for a month has no burst of its own`}}},
+		{"budget with more debt than a period repays", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - {name: a, rate: 1000, period: day, debt: 1001}\n"},
+			[]wantErr{{"a.yaml", 5, `a budget's debt may be at most the budget`}}},
 		{"bad charges", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    charges: sometimes\n    limits:\n      - {name: a, rate: 1/s}\n"},
 			[]wantErr{{"a.yaml", 4, `charges: want own_hits, always or never, got "sometimes"`}}},
 		{"bad cost", map[string]string{"a.yaml": "domain: d\ndescriptors:\n  - key: k\n    limits:\n      - name: a\n        rate: 1/s\n        cost: tokens\n"},
@@ -279,6 +294,37 @@ descriptors:
 			t.Errorf("%v: matched %v, charges %v, floor %d; want %v, %d", x.d.GetEntries(), ok, m.Rule.Charges,
 				bucket.Floor(m.Rule.Limits[0]), x.charges, x.floor)
 		}
+	}
+}
+
+// A budget loads beside rates in one descriptor: 20 rpm, 60,000 tpm and
+// 10 million tokens a calendar month in Berlin, written either way; the
+// limits of one file share their zone.
+func TestBudgetKeys(t *testing.T) {
+	c := mustLoad(t, map[string]string{"a.yaml": `domain: d
+descriptors:
+  - key: tenant
+    limits:
+      - {name: rpm, rate: 20/min, cost: request}
+      - {name: tpm, rate: 60000/min}
+      - {name: month, rate: 10000000, period: month, zone: Europe/Berlin}
+  - key: team
+    limits:
+      - {name: day, rate: 500000/day, zone: Europe/Berlin, debt: 0}
+      - {name: week, rate: 1000000, period: weekly}
+`})
+	m, ok := c.Match("d", desc("tenant", "t1"))
+	if !ok || len(m.Rule.Limits) != 3 {
+		t.Fatalf("tenant: %v %+v", ok, m.Rule)
+	}
+	mo := m.Rule.Limits[2]
+	if mo.Calendar != period.Month || mo.ZoneName() != "Europe/Berlin" || mo.Amount != 10_000_000*bucket.Milli || mo.Burst != mo.Amount || m.Rule.Limits[1].IsBudget() {
+		t.Fatalf("month: %+v", mo)
+	}
+	n, _ := c.Match("d", desc("team", "x"))
+	day, week := n.Rule.Limits[0], n.Rule.Limits[1]
+	if day.Calendar != period.Day || day.Zone != mo.Zone || day.Debt != bucket.NoDebt || week.Calendar != period.Week || week.ZoneName() != "UTC" {
+		t.Fatalf("team: %+v %+v", day, week)
 	}
 }
 

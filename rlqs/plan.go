@@ -63,6 +63,20 @@ func (p Policy) withDefaults() Policy {
 	return p
 }
 
+// ttlBefore is ttl, shortened so that an assignment sent at now for it
+// (and the allowance) ends by the boundary of c's budgets, less the
+// writers' margin: tokens a period paid for are not spent in the next.
+// It is never under a second, Envoy's least TTL: an assignment sent in
+// the last seconds of a period may be spent a second and the allowance
+// into the next (docs/rules.md, budgets).
+func (p Policy) ttlBefore(ttl time.Duration, c capacity, now int64) time.Duration {
+	end := bucket.LeaseEndOf(c.budgets, now)
+	if left := end - now - p.Allowance.Milliseconds(); left < ttl.Milliseconds() {
+		ttl = max(time.Second, (time.Duration(left) * time.Millisecond).Truncate(time.Second))
+	}
+	return ttl
+}
+
 // lead is how long before the end of an assignment of ttl it is renewed.
 func (p Policy) lead(ttl time.Duration) time.Duration { return min(p.Lead, ttl/2) }
 
@@ -71,6 +85,9 @@ func (p Policy) lead(ttl time.Duration) time.Duration { return min(p.Lead, ttl/2
 type capacity struct {
 	perSecond float64
 	burst     uint64
+	// budgets are the limits that are budgets for a calendar period: an
+	// assignment ends by their boundary (bucket.LeaseEndOf).
+	budgets []bucket.Limit
 }
 
 // capacityOf reads the capacity of limits; ok is false when there are
@@ -84,6 +101,9 @@ func capacityOf(limits []bucket.Limit) (c capacity, ok bool) {
 		}
 		if i == 0 || burst < c.burst {
 			c.burst = burst
+		}
+		if l.IsBudget() {
+			c.budgets = append(c.budgets, l)
 		}
 	}
 	return c, len(limits) > 0

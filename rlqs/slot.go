@@ -201,6 +201,7 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 		// Contended, or the demand is not known yet: ask again soon.
 		ttl = p.ShortTTL
 	}
+	ttl = p.ttlBefore(ttl, s.cap, now)
 	until := now + (ttl + p.Allowance).Milliseconds()
 	// Newcomers on other replicas count too: as many more, for each of
 	// this replica's, as the others draw for each token it draws.

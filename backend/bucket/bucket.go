@@ -93,6 +93,9 @@ func gcd(a, b int64) int64 {
 // back and make room, except to a report of spent lease tokens, from
 // AtRoomSince (Return).
 func Refill(l Limit, s State, now int64) State {
+	if l.IsBudget() {
+		return refillBudget(l, s, now)
+	}
 	room := Room(l, s)
 	if s.Tokens >= room {
 		// A clock another writer moved past now stays: moving it back
@@ -165,6 +168,9 @@ func Wait(l Limit, s State, need, now int64) int64 {
 	if deficit <= 0 {
 		return 0
 	}
+	if l.IsBudget() {
+		return waitBudget(l, s, need, now)
+	}
 	if need > l.Burst || l.Amount == 0 {
 		return Never
 	}
@@ -188,7 +194,8 @@ func Wait(l Limit, s State, need, now int64) int64 {
 // the time it needs, so that others can claim the rest.
 func Claim(l Limit, s State, cost int64) (ms, tokens int64) {
 	deficit := cost - s.Tokens
-	if deficit <= 0 || l.Amount == 0 {
+	if deficit <= 0 || l.Amount == 0 || l.IsBudget() {
+		// A budget refills only at a boundary, which Refill crosses.
 		return 0, 0
 	}
 	dt, da := quantum(l)
@@ -209,7 +216,9 @@ func FillTime(l Limit, k int64) int64 {
 	if k <= 0 {
 		return 0
 	}
-	if l.Amount == 0 {
+	if l.Amount == 0 || l.IsBudget() {
+		// A budget does not refill within its period: no span of time
+		// says a state is full.
 		return Never
 	}
 	dt, da := quantum(l)
@@ -222,9 +231,16 @@ func FillTime(l Limit, k int64) int64 {
 
 // TimeToFill is how long (ms) an empty limit takes to refill to its burst,
 // the time_to_fill of ADR-119, rounded up; Never when it never refills.
+//
+// A budget fills at its next boundary, at most its calendar unit's
+// longest period away (a 31-day month with a repeated hour): that, so
+// that a bucket's TTL (ADR-119) outlives the period it is written in.
 func TimeToFill(l Limit) int64 {
 	if l.Burst == 0 {
 		return 0
+	}
+	if l.IsBudget() {
+		return l.Calendar.Longest()
 	}
 	if l.Amount == 0 {
 		return Never

@@ -207,6 +207,17 @@ func satAdd(a, b int64) int64 {
 // was used stays used; a debt the new limit does not allow is forgiven);
 // a new limit starts full; a removed limit is dropped, and its leases
 // with it.
+//
+// A budget changed to another of the same calendar and zone keeps what
+// was used of the period: its tokens move by the difference between the
+// budgets (10 million lowered to 5 with 3 used leaves 2; raised to 20,
+// 17), then are capped and floored as any limit's. A budget that becomes
+// a rate, a rate that becomes a budget, or a budget whose calendar or
+// zone changes keeps its tokens (a budget, as it stands, without the
+// boundary its old calendar may have passed; a rate, refilled), capped
+// and floored, and its clock moves to now: the new limit's current
+// period, or refill from now, never from a time the old limit's
+// arithmetic left on the clock.
 func Reconcile(old []Limit, states []State, limits []Limit, now int64) []State {
 	next := make([]State, len(limits))
 	for i, l := range limits {
@@ -215,7 +226,20 @@ func Reconcile(old []Limit, states []State, limits []Limit, now int64) []State {
 			if o.Name != l.Name {
 				continue
 			}
-			s := Refill(o, states[j], now)
+			s := states[j]
+			switch {
+			case o.IsBudget() && o.CalendarKey() == l.CalendarKey():
+				s = Refill(o, s, now)
+				s.Tokens += l.Amount - o.Amount
+			case o.IsBudget():
+				// Another calendar, or a rate: what the old budget holds,
+				// from now on.
+			default:
+				s = Refill(o, s, now)
+			}
+			if o.CalendarKey() != l.CalendarKey() {
+				s.Clock = max(s.Clock, now)
+			}
 			if room := Room(l, s); s.Tokens >= room {
 				s.Tokens, s.Clock = room, now
 			}

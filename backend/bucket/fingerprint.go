@@ -43,6 +43,14 @@ func Fingerprint(limits []Limit) string {
 			h.Write([]byte{'d'})
 			h.Write(buf[:])
 		}
+		if l.IsBudget() {
+			// Only a budget's calendar enters it, for the same reason: a
+			// rate turned budget (or moved to another zone) has other
+			// limits, and its bucket is reconciled.
+			h.Write([]byte{'c'})
+			h.Write([]byte(l.CalendarKey()))
+			h.Write([]byte{0})
+		}
 	}
 	return strconv.FormatUint(h.Sum64(), 36)
 }

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/sluice-rl/sluice/backend/bucket/period"
 )
 
 // Milli is the number of millitokens in one token. Every token quantity in
@@ -60,6 +63,29 @@ type Limit struct {
 	// in full; NoDebt (any negative value) keeps the limit at zero or
 	// above and drops what a charge takes beyond it. See Floor.
 	Debt int64
+	// Calendar, when set, makes the limit a budget: Amount tokens for
+	// each calendar period of this unit in Zone, given in full at the
+	// period's start instead of refilled continuously (budget.go).
+	// Burst is then Amount and Period the unit's nominal length (a
+	// month of 30 days, as for rates), which only reports use.
+	Calendar period.Unit
+	// Zone is the time zone a budget's periods follow; nil is UTC. It
+	// is a pointer so that Limits stay comparable: limits loaded from
+	// one file share it, and a reload that loads it again only makes
+	// stores reconcile, which keeps a budget's state (Reconcile).
+	Zone *time.Location
+}
+
+// IsBudget reports whether l is a budget for a calendar period rather
+// than a rate.
+func (l Limit) IsBudget() bool { return l.Calendar != period.None }
+
+// ZoneName is the name of a budget's time zone ("UTC" when none).
+func (l Limit) ZoneName() string {
+	if l.Zone == nil {
+		return "UTC"
+	}
+	return l.Zone.String()
 }
 
 // NoDebt is the Debt of a limit that never goes below zero.
@@ -90,17 +116,36 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("limit %q: burst out of range (0 to %d tokens)", l.Name, MaxTokens)
 	case l.Debt > MaxTokens*Milli:
 		return fmt.Errorf("limit %q: debt out of range (0 to %d tokens)", l.Name, MaxTokens)
+	case l.IsBudget() && l.Burst != l.Amount:
+		return fmt.Errorf("limit %q: a budget for a %s has no burst of its own: it holds its amount", l.Name, l.Calendar)
+	case l.IsBudget() && l.Debt > l.Burst:
+		// A new period repays one budget of debt (budget.go); more
+		// could outlast the period after it.
+		return fmt.Errorf("limit %q: a budget's debt may be at most the budget", l.Name)
+	case l.Calendar > period.Year:
+		return fmt.Errorf("limit %q: unknown calendar period %d", l.Name, l.Calendar)
 	}
 	return nil
 }
 
 // String renders the limit in the compact syntax ParseLimit reads, e.g.
-// "rpm=100/min" or "tpm=100000/min:burst=150000:cost=request".
+// "rpm=100/min" or "tpm=100000/min:burst=150000:cost=request", and a
+// budget as "tokens=10000000:period=month:zone=Europe/Berlin".
 func (l Limit) String() string {
 	var b strings.Builder
 	b.WriteString(l.Name)
 	b.WriteByte('=')
-	b.WriteString(FormatRate(l.Amount, l.Period))
+	if l.IsBudget() {
+		b.WriteString(formatMilli(l.Amount))
+		b.WriteString(":period=")
+		b.WriteString(l.Calendar.String())
+		if l.ZoneName() != "UTC" {
+			b.WriteString(":zone=")
+			b.WriteString(l.Zone.String())
+		}
+	} else {
+		b.WriteString(FormatRate(l.Amount, l.Period))
+	}
 	if l.Burst != l.Amount {
 		b.WriteString(":burst=")
 		b.WriteString(formatMilli(l.Burst))
@@ -119,8 +164,11 @@ func (l Limit) String() string {
 }
 
 // ParseLimit reads a limit written in one word, as on a command line:
-// name=rate[:burst=N][:cost=hits|request][:debt=N], for example
-// "rpm=100/min" or "tpm=100000/min:burst=150000:debt=0". The name ends at
+// name=rate[:burst=N][:cost=hits|request][:debt=N][:period=unit][:zone=Z],
+// for example "rpm=100/min", "tpm=100000/min:burst=150000:debt=0" or a
+// budget, "tokens=10000000:period=month:zone=Europe/Berlin" (also
+// written "tokens=10000000/month:zone=Europe/Berlin"; without a period
+// or a zone, 10000000/month is a rate over 30 days). The name ends at
 // the first '=', so it cannot hold one; the rest follows Spec.
 func ParseLimit(s string) (Limit, error) {
 	name, rest, ok := strings.Cut(s, "=")
@@ -149,8 +197,12 @@ func ParseLimit(s string) (Limit, error) {
 			}
 		case "cost":
 			spec.Cost = v
+		case "period":
+			spec.Period = v
+		case "zone":
+			spec.Zone = v
 		default:
-			return Limit{}, fmt.Errorf("limit %q: unknown option %q (want burst=N, cost=hits|request or debt=N)", s, p)
+			return Limit{}, fmt.Errorf("limit %q: unknown option %q (want burst=N, cost=hits|request, debt=N, period=day|week|month|year or zone=Z)", s, p)
 		}
 	}
 	return spec.Limit()
@@ -257,6 +309,12 @@ type Spec struct {
 	// response may take the limit; 0 keeps it at zero or above. Absent:
 	// one burst (Limit.Debt).
 	Debt *int64 `yaml:"debt,omitempty" json:"debt,omitempty"`
+	// Period, when set (day, week, month or year), makes the limit a
+	// budget for that calendar period: Rate is then a whole number of
+	// tokens, or N/unit with the same unit. Zone is the IANA time zone
+	// its periods follow (UTC by default), and needs a Period.
+	Period string `yaml:"period,omitempty" json:"period,omitempty"`
+	Zone   string `yaml:"zone,omitempty" json:"zone,omitempty"`
 }
 
 // Limit checks the spec and turns it into a Limit. The burst defaults to
@@ -266,11 +324,18 @@ func (s Spec) Limit() (Limit, error) {
 	if s.Name == "" {
 		return Limit{}, errors.New("limit needs a name")
 	}
-	amount, period, err := ParseRate(s.Rate)
+	cal, zone, rate, err := s.calendar()
 	if err != nil {
 		return Limit{}, fmt.Errorf("limit %q: %w", s.Name, err)
 	}
-	l := Limit{Name: s.Name, Amount: amount, Period: period, Burst: amount}
+	amount, per, err := ParseRate(rate)
+	if err != nil {
+		return Limit{}, fmt.Errorf("limit %q: %w", s.Name, err)
+	}
+	l := Limit{Name: s.Name, Amount: amount, Period: per, Burst: amount, Calendar: cal, Zone: zone}
+	if cal != period.None && s.Burst != nil {
+		return Limit{}, fmt.Errorf("limit %q: a budget for a %s takes no burst: it holds its amount, given in full each %s", s.Name, cal, cal)
+	}
 	if s.Burst != nil {
 		if *s.Burst < 0 || *s.Burst > MaxTokens {
 			return Limit{}, fmt.Errorf("limit %q: burst must be a whole number of tokens from 0 to %d", s.Name, MaxTokens)
@@ -295,4 +360,45 @@ func (s Spec) Limit() (Limit, error) {
 		return Limit{}, fmt.Errorf("limit %q: cost %q: want hits or request", s.Name, s.Cost)
 	}
 	return l, l.Validate()
+}
+
+// calendar reads a budget's period and zone from s, and the rate to
+// parse: a budget has a period (its amount alone, or N/unit with the
+// period's unit), or a zone and a rate whose unit is a period. It
+// returns period.None and s.Rate for a rate. A budget's rate is for the
+// one period: "N/2month" and a rate whose unit is not its period are
+// refused, and a zone without a period is refused, since it would do
+// nothing.
+func (s Spec) calendar() (period.Unit, *time.Location, string, error) {
+	num, per, hasUnit := strings.Cut(strings.TrimSpace(s.Rate), "/")
+	per = strings.ToLower(strings.TrimSpace(per))
+	cal := period.None
+	if s.Period != "" {
+		u, err := period.ParseUnit(s.Period)
+		if err != nil {
+			return 0, nil, "", err
+		}
+		cal = u
+		if hasUnit && per != u.String() && per != u.String()+"s" {
+			return 0, nil, "", fmt.Errorf("rate %q: a budget for a %s is N or N/%s", s.Rate, u, u)
+		}
+	} else if hasUnit && s.Zone != "" {
+		// A zone names the calendar the rate's unit is for.
+		u, err := period.ParseUnit(per)
+		if err != nil {
+			return 0, nil, "", fmt.Errorf("rate %q: a zone is for a budget, whose rate is N/day, N/week, N/month or N/year", s.Rate)
+		}
+		cal = u
+	}
+	if cal == period.None {
+		if s.Zone != "" {
+			return 0, nil, "", fmt.Errorf("zone %q without a period: a zone is for a budget (period: day, week, month or year)", s.Zone)
+		}
+		return cal, nil, s.Rate, nil
+	}
+	zone, err := period.LoadZone(s.Zone)
+	if err != nil {
+		return 0, nil, "", err
+	}
+	return cal, zone, strings.TrimSpace(num) + "/" + cal.String(), nil
 }

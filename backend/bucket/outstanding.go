@@ -121,7 +121,7 @@ func Return(l Limit, s State, r Report, now int64) (State, bool) {
 	// serialized.
 	s.Out[i].Tokens -= r.Out
 	s.Tokens = min(s.Tokens+min(max(r.Back, 0), r.Out), Room(l, s))
-	if spent := r.spent(); since != 0 && r.First != 0 && spent > 0 && l.Amount > 0 {
+	if spent := r.spent(); since != 0 && r.First != 0 && spent > 0 && l.Amount > 0 && !l.IsBudget() {
 		from := max(since, r.First)
 		dt, da := quantum(l)
 		steps := min(max(now-from, 0)/dt, spent/da)

@@ -777,7 +777,9 @@ func (t *target) plan(now int64) {
 		// condition (not expired) finds out, and a lost race returns
 		// the item as it is.
 		t.mode = create
-		if it == nil && t.seenAt == 0 && !t.fresh {
+		if it == nil && t.seenAt == 0 && !t.fresh && !anyBudget(limits) {
+			// Not for a budget: no span of time says whether an item
+			// another replica wrote is full (bucket.FillTime).
 			t.mode = unseen
 		}
 		for i, l := range limits {
@@ -814,8 +816,26 @@ func (t *target) plan(now int64) {
 				s = bucket.Full(l, now)
 			}
 			t.base[i] = s
+			if l.IsBudget() && s.Clock < bucket.PeriodStart(l, now) {
+				// A new period: the budget is given again and its
+				// leases dropped, which only a whole item says. The
+				// rewrite is conditioned on the item as seen, so of
+				// the replicas that cross the boundary together one
+				// starts the period and the others decide on it.
+				t.mode = rewrite
+			}
 		}
 	}
+}
+
+// anyBudget reports whether some limit of limits is a budget.
+func anyBudget(limits []bucket.Limit) bool {
+	for _, l := range limits {
+		if l.IsBudget() {
+			return true
+		}
+	}
+	return false
 }
 
 // pool is what t's decision may spend from, per limit: the bucket as

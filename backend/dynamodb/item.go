@@ -37,6 +37,9 @@ const (
 	// How far below zero a charge may take the limit (bucket.Limit.Debt),
 	// present only when it is not the default.
 	fieldDebt = "db"
+	// A budget's calendar (bucket.Limit.CalendarKey: "month/Europe/Berlin"),
+	// a string, present only on a budget.
+	fieldCalendar = "pd"
 	// What leases hold of a limit (bucket.State.Out): their sum, the room
 	// left for refill (the burst less the tokens and that sum, kept with
 	// them so that every condition compares one attribute with a value),
@@ -116,9 +119,11 @@ func decodeBucket(av map[string]types.AttributeValue) (*bucketItem, error) {
 	}
 	for _, name := range fields.names {
 		f := fields.values[name]
-		it.limits = append(it.limits, bucket.Limit{
-			Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst], Debt: f[fieldDebt],
-		})
+		l := bucket.Limit{Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst], Debt: f[fieldDebt]}
+		if err := fields.calendar(&l); err != nil {
+			return nil, fmt.Errorf("bucket item: %w", err)
+		}
+		it.limits = append(it.limits, l)
 		st := bucket.State{Tokens: f[fieldTokens], Clock: f[fieldClock], Consumed: f[fieldConsumed], AtRoomSince: f[fieldAtRoom]}
 		for i := range bucket.LeaseSlots {
 			w, o := slotFields(i)
@@ -138,12 +143,22 @@ type fieldSet struct {
 	names  []string // in first-seen order
 	values map[string]map[string]int64
 	costs  map[string]string
+	cals   map[string]string
+}
+
+// calendar sets l's budget calendar from fs; a rate has none.
+func (fs fieldSet) calendar(l *bucket.Limit) error {
+	var err error
+	if l.Calendar, l.Zone, err = bucket.ParseCalendarKey(fs.cals[l.Name]); err != nil {
+		return fmt.Errorf("limit %q: %w", l.Name, err)
+	}
+	return nil
 }
 
 // limitFields groups the numeric "{prefix}{limit}_{field}" attributes by
 // limit. The string field cost (configs only) is kept apart.
 func limitFields(av map[string]types.AttributeValue, prefix string) (fieldSet, error) {
-	fs := fieldSet{values: map[string]map[string]int64{}, costs: map[string]string{}}
+	fs := fieldSet{values: map[string]map[string]int64{}, costs: map[string]string{}, cals: map[string]string{}}
 	for attr, v := range av {
 		rest, ok := strings.CutPrefix(attr, prefix)
 		if !ok {
@@ -166,8 +181,11 @@ func limitFields(av map[string]types.AttributeValue, prefix string) (fieldSet, e
 			}
 			fs.values[name][field] = n
 		case *types.AttributeValueMemberS:
-			if field == fieldCost {
+			switch field {
+			case fieldCost:
 				fs.costs[name] = v.Value
+			case fieldCalendar:
+				fs.cals[name] = v.Value
 			}
 		}
 	}
@@ -200,6 +218,9 @@ func decodeRecord(av map[string]types.AttributeValue, nowMs int64) (backend.Reco
 	for _, name := range fields.names {
 		f := fields.values[name]
 		l := bucket.Limit{Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst], Debt: f[fieldDebt]}
+		if err := fields.calendar(&l); err != nil {
+			return backend.Record{}, false, fmt.Errorf("config item: %w", err)
+		}
 		switch fields.costs[name] {
 		case "", "hits":
 		case "request":
@@ -224,6 +245,9 @@ func encodeRecord(av map[string]types.AttributeValue, rec backend.Record) {
 		av[limitAttr(configPrefix, l.Name, fieldPeriod)] = num(l.Period)
 		if l.Debt != 0 {
 			av[limitAttr(configPrefix, l.Name, fieldDebt)] = num(max(l.Debt, bucket.NoDebt))
+		}
+		if l.IsBudget() {
+			av[limitAttr(configPrefix, l.Name, fieldCalendar)] = str(l.CalendarKey())
 		}
 		cost := "hits"
 		if l.PerRequest {

@@ -120,6 +120,9 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 			if l.Debt != 0 {
 				av[limitAttr(bucketPrefix, l.Name, fieldDebt)] = num(max(l.Debt, bucket.NoDebt))
 			}
+			if l.IsBudget() {
+				av[limitAttr(bucketPrefix, l.Name, fieldCalendar)] = str(l.CalendarKey())
+			}
 			av[limitAttr(bucketPrefix, l.Name, fieldConsumed)] = num(s.Consumed)
 			av[limitAttr(bucketPrefix, l.Name, fieldClock)] = num(s.Clock)
 			av[limitAttr(bucketPrefix, l.Name, fieldOut)] = num(s.Leased())
@@ -194,7 +197,7 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 		}
 		low := t.lowest(l, next)
 		switch {
-		case !t.refund && refilled.Tokens >= bucket.Room(l, base):
+		case !t.refund && refilled.Tokens >= bucket.Room(l, base) && !l.IsBudget():
 			e.setMinus(tk, num(l.Burst-net), ot)
 			e.setAttr(rm, num(net-dOut))
 			e.setAttr(rf, num(now))
@@ -218,6 +221,15 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 			}
 			if d := -(dTk + dOut); d != 0 {
 				e.addAttr(rm, num(d))
+			}
+			if l.IsBudget() {
+				// Nothing refills within a budget's period, so nothing
+				// can be back-dated: the room need only take what the
+				// write adds (plan rewrites a state of an earlier
+				// period, whose clock this condition then rules out).
+				e.when("%n BETWEEN %v AND %v AND %n >= %v AND %n >= %v", []string{rf, tk, rm}, []types.AttributeValue{
+					num(base.Clock), num(now), num(net + low), num(max(dTk+dOut, 0))})
+				break
 			}
 			e.when("%n BETWEEN %v AND %v AND %n >= %v AND %n >= %v", []string{rf, tk, rm}, []types.AttributeValue{
 				num(base.Clock), num(now - ms), num(net - claimed + low), num(claimed + pending + 1)})
@@ -423,6 +435,11 @@ func (b *Backend) unseenOp(t *target, e *expr, now, ttl int64) op {
 			e.setAttr(limitAttr(bucketPrefix, l.Name, fieldDebt), num(max(l.Debt, bucket.NoDebt)))
 		} else {
 			e.removeAttr(limitAttr(bucketPrefix, l.Name, fieldDebt))
+		}
+		if l.IsBudget() {
+			e.setAttr(limitAttr(bucketPrefix, l.Name, fieldCalendar), str(l.CalendarKey()))
+		} else {
+			e.removeAttr(limitAttr(bucketPrefix, l.Name, fieldCalendar))
 		}
 		e.setAttr(limitAttr(bucketPrefix, l.Name, fieldOut), num(s.Leased()))
 		e.setAttr(rm, num(l.Burst-s.Tokens-s.Leased()))

@@ -191,6 +191,7 @@ const (
 func decodeBucket(h map[string]string) (backend.Bucket, error) {
 	b := backend.Bucket{Cfg: h[fieldCfg]}
 	byName := map[string]map[string]int64{}
+	cals := map[string]string{}
 	for field, v := range h {
 		rest, ok := strings.CutPrefix(field, bucketPrefix)
 		i := strings.LastIndexByte(rest, '_')
@@ -200,6 +201,10 @@ func decodeBucket(h map[string]string) (backend.Bucket, error) {
 		name, what := rest[:i], rest[i+1:]
 		if byName[name] == nil {
 			byName[name] = map[string]int64{}
+		}
+		if what == fieldCalendar {
+			cals[name] = v
+			continue
 		}
 		if what == fieldOutList {
 			out, err := leasedSum(v)
@@ -222,7 +227,12 @@ func decodeBucket(h map[string]string) (backend.Bucket, error) {
 	slices.Sort(names)
 	for _, name := range names {
 		f := byName[name]
-		b.Limits = append(b.Limits, bucket.Limit{Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst], Debt: f[fieldDebt]})
+		l := bucket.Limit{Name: name, Amount: f[fieldAmount], Period: f[fieldPeriod], Burst: f[fieldBurst], Debt: f[fieldDebt]}
+		var err error
+		if l.Calendar, l.Zone, err = bucket.ParseCalendarKey(cals[name]); err != nil {
+			return backend.Bucket{}, fmt.Errorf("limit %q: %w", name, err)
+		}
+		b.Limits = append(b.Limits, l)
 		st := bucket.State{Tokens: f[fieldTokens], Clock: f[fieldClock], Consumed: f[fieldConsumed]}
 		if out := f[fieldOutList]; out > 0 {
 			// What the fleet's leases hold, as one slot that never ends:

@@ -38,7 +38,11 @@
 -- ARGV: now; the width (ms) of lease expiry windows; the number of
 -- layouts, and per layout cfg (fingerprint of its limits), n, and n
 -- times: name, amount, period, burst, debt (bucket.Limit.Debt: 0 for
--- one burst, -1 for none); the number of groups, and per
+-- one burst, -1 for none), and for a budget (bucket.Limit.Calendar) the
+-- start of its period at now and of the period before (0 and 0 for a
+-- rate) and its calendar (bucket.Limit.CalendarKey, "" for a rate): the
+-- Go side does the calendar arithmetic, the script only compares
+-- clocks with the starts; the number of groups, and per
 -- group: the number of its keys, per key its layout (an index) and ttl
 -- (ms; 0 keeps the bucket forever); then the number of its calls, and
 -- per call mode ("d" decide, "r" refund, "l" decide for a replica with
@@ -132,6 +136,21 @@ local outs, outsum, outdirty, kepts, expd = {}, {}, {}, {}, {}
 -- Per limit, whether it held the cost of the call in hand.
 local helds = {}
 local set = {}
+
+-- bucket.Refill's start of a budget's period (budget.go): a state
+-- clocked before the period's start ps is given the budget again (twice
+-- when clocked before the previous period's, pps), up to the budget, its
+-- clock moves to now, and what its leases held is dropped: they ended
+-- before the boundary.
+local function budgetReset(amount, burst, ps, pps, tk, rf, now, j)
+  if rf >= ps then return tk, rf end
+  local given = amount
+  if rf < pps then given = 2 * amount end
+  tk = tk + given
+  if tk > burst then tk = burst end
+  if #outs[j] > 0 then outs[j], outsum[j], outdirty[j] = {}, 0, true end
+  return tk, now
+end
 
 -- take moves amount out of limit j's bucket (of the group in hand),
 -- counted as consumed.
@@ -319,13 +338,29 @@ local function group(now, width, layouts, at, key)
       tcs[j] = st[4 * i]
       readOut(j, tk and rf and st[4 * i + 1])
       if tk and rf and stale then
-        local ra, rp, bx
-        if rates then ra, rp, bx = num(rates[3 * i - 2]), num(rates[3 * i - 1]), num(rates[3 * i]) end
+        local ra, rp, bx, pd
+        if rates then ra, rp, bx, pd = num(rates[4 * i - 3]), num(rates[4 * i - 2]), num(rates[4 * i - 1]), rates[4 * i] end
         if ra and rp and bx then
-          local dt, da = lowest(ra, rp)
           local room = bx - outsum[j]
           if room < 0 then room = 0 end
-          tk, rf = refill(dt, da, room, tk, rf, now)
+          if pd and pd ~= '' then
+            -- A budget (bucket.Reconcile): under the same calendar it
+            -- starts its period as it was and keeps what was used of
+            -- it; under another, or as a rate, it keeps what it holds.
+            if pd == l.cal then
+              tk, rf = budgetReset(ra, bx, l.ps, l.pps, tk, rf, now, j)
+              room = bx - outsum[j]
+              if room < 0 then room = 0 end
+              if tk > room then tk = room end
+              tk = tk + l.amount - ra
+            elseif rf < now then
+              rf = now
+            end
+          else
+            local dt, da = lowest(ra, rp)
+            tk, rf = refill(dt, da, room, tk, rf, now)
+            if l.cal ~= '' and rf < now then rf = now end
+          end
           -- bucket.Reconcile: a debt the new limit does not allow is
           -- forgiven.
           if tk < l.floor - outsum[j] then tk = l.floor - outsum[j] end
@@ -333,6 +368,9 @@ local function group(now, width, layouts, at, key)
           tk = nil
           readOut(j, nil)
         end
+      end
+      if tk and rf and l.ps > 0 then
+        tk, rf = budgetReset(l.amount, l.burst, l.ps, l.pps, tk, rf, now, j)
       end
       local room = l.burst - outsum[j]
       if room < 0 then room = 0 end
@@ -476,6 +514,12 @@ local function group(now, width, layouts, at, key)
         else
           rcall('HDEL', bk, l.f .. 'db')
         end
+        if l.cal ~= '' then
+          set[m + 1] = l.f .. 'pd'; set[m + 2] = l.cal
+          m = m + 2
+        else
+          rcall('HDEL', bk, l.f .. 'pd')
+        end
       end
       if spent[j] > 0 and not costs[j] then
         -- The consumed total, exact as a double below 2^53; past it (or
@@ -531,9 +575,11 @@ for li = 1, num(ARGV[3]) do
   for i = 1, num(ARGV[at - 1]) do
     local f = 'b_' .. ARGV[at] .. '_'
     local amount, period = num(ARGV[at + 1]), num(ARGV[at + 2])
-    local dt, da = lowest(amount, period)
+    local ps, pps, cal = num(ARGV[at + 5]), num(ARGV[at + 6]), ARGV[at + 7]
+    -- A budget does not refill between its boundaries.
+    local dt, da = lowest(cal ~= '' and 0 or amount, period)
     local l = {f = f, tk = f .. 'tk', rf = f .. 'rf', tc = f .. 'tc', ol = f .. 'ol',
-      burst = num(ARGV[at + 3]), dt = dt, da = da,
+      burst = num(ARGV[at + 3]), dt = dt, da = da, amount = amount, ps = ps, pps = pps, cal = cal,
       amountArg = ARGV[at + 1], periodArg = ARGV[at + 2], burstArg = ARGV[at + 3], debtArg = ARGV[at + 4]}
     -- bucket.Floor: the fewest tokens a charge leaves the limit with.
     local debt = num(ARGV[at + 4])
@@ -541,9 +587,9 @@ for li = 1, num(ARGV[3]) do
     lay.limits[i] = l
     local fs, rs = lay.fields, lay.rates
     fs[4 * i - 2], fs[4 * i - 1], fs[4 * i], fs[4 * i + 1] = l.tk, l.rf, l.tc, l.ol
-    rs[3 * i - 2], rs[3 * i - 1], rs[3 * i] = f .. 'ra', f .. 'rp', f .. 'bx'
+    rs[4 * i - 3], rs[4 * i - 2], rs[4 * i - 1], rs[4 * i] = f .. 'ra', f .. 'rp', f .. 'bx', f .. 'pd'
     lay.keep[f] = true
-    at = at + 5
+    at = at + 8
   end
   layouts[li] = lay
 end

@@ -28,6 +28,9 @@ const (
 	fieldCapacity = "cp"
 	fieldCost     = "cost"
 	fieldTTL      = "ttl"
+	// fieldCalendar is a budget's calendar, "month/Europe/Berlin"
+	// (bucket.Limit.CalendarKey); absent for a rate.
+	fieldCalendar = "pd"
 )
 
 // Fields of an entity's META hash.
@@ -54,6 +57,9 @@ func recordFields(limits []bucket.Limit) []string {
 		if l.Debt != 0 {
 			out = append(out, f(fieldDebt), strconv.FormatInt(max(l.Debt, bucket.NoDebt), 10))
 		}
+		if l.IsBudget() {
+			out = append(out, f(fieldCalendar), l.CalendarKey())
+		}
 	}
 	return out
 }
@@ -78,8 +84,8 @@ func decodeRecord(h map[string]string, nowMs int64) (backend.Record, bool, error
 		rec.Synced = true
 	}
 	type parts struct {
-		n    map[string]int64
-		cost string
+		n         map[string]int64
+		cost, cal string
 	}
 	byName := map[string]*parts{}
 	for field, v := range h {
@@ -98,6 +104,10 @@ func decodeRecord(h map[string]string, nowMs int64) (backend.Record, bool, error
 			p.cost = v
 			continue
 		}
+		if what == fieldCalendar {
+			p.cal = v
+			continue
+		}
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
 			return backend.Record{}, false, fmt.Errorf("field %s: %q is not an integer", field, v)
@@ -112,6 +122,10 @@ func decodeRecord(h map[string]string, nowMs int64) (backend.Record, bool, error
 	for _, name := range names {
 		p := byName[name]
 		l := bucket.Limit{Name: name, Amount: p.n[fieldAmount], Period: p.n[fieldPeriod], Burst: p.n[fieldBurst], Debt: p.n[fieldDebt]}
+		var err error
+		if l.Calendar, l.Zone, err = bucket.ParseCalendarKey(p.cal); err != nil {
+			return backend.Record{}, false, fmt.Errorf("limit %q: %w", name, err)
+		}
 		switch p.cost {
 		case "", "hits":
 		case "request":

@@ -107,7 +107,7 @@ func scriptArgs(now, window int64, groups []scriptGroup) (keys, argv []string) {
 		}
 	}
 	for _, l := range layouts {
-		nargs += 2 + 5*len(l.limits)
+		nargs += 2 + 8*len(l.limits)
 	}
 	keys = make([]string, 0, nkeys)
 	a := newArgs(nargs)
@@ -123,6 +123,18 @@ func scriptArgs(now, window int64, groups []scriptGroup) (keys, argv []string) {
 			a.int(x.Period)
 			a.int(x.Burst)
 			a.int(max(x.Debt, bucket.NoDebt))
+			// A budget's period bounds, computed here so that the
+			// script does no calendar arithmetic: it gives the budget
+			// again to a state clocked before the start (twice before
+			// the previous period's).
+			if x.IsBudget() {
+				a.int(bucket.PeriodStart(x, now))
+				a.int(bucket.PrevPeriodStart(x, now))
+			} else {
+				a.int(0)
+				a.int(0)
+			}
+			a.str(x.CalendarKey())
 		}
 	}
 	a.int(int64(len(groups)))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/backend/bucket/period"
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
 )
 
@@ -68,7 +69,8 @@ type modelBucket struct {
 }
 
 // randomLimits are one to three limits with rates and bursts from the
-// whole range Sluice accepts, the extremes included.
+// whole range Sluice accepts, the extremes included, and budgets for
+// calendar periods in zones with and without daylight saving.
 func randomLimits(r *rand.Rand) []bucket.Limit {
 	periods := []int64{1000, 60_000, 3_600_000, 86_400_000, 7 * 86_400_000, 10 * 365 * 86_400_000}
 	amounts := []int64{0, 1, 3, 7, 10, 1000, 999_983, bucket.MaxTokens}
@@ -90,6 +92,18 @@ func randomLimits(r *rand.Rand) []bucket.Limit {
 			l.Debt = bucket.NoDebt
 		case 1:
 			l.Debt = (1 + r.Int64N(bucket.MaxTokens)) * bucket.Milli
+		}
+		if r.IntN(4) == 0 {
+			// A budget, whose period bounds the Go side passes.
+			l.Calendar = []period.Unit{period.Day, period.Week, period.Month, period.Year}[r.IntN(4)]
+			zone, err := period.LoadZone([]string{"UTC", "Europe/Berlin", "America/Santiago"}[r.IntN(3)])
+			if err != nil {
+				panic(err)
+			}
+			l.Zone, l.Burst, l.Period = zone, l.Amount, bucket.Day
+			if l.Debt > l.Burst {
+				l.Debt = 0
+			}
 		}
 		out = append(out, l)
 	}

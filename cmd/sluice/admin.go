@@ -240,6 +240,10 @@ type limitOut struct {
 	Rate  string `json:"rate" yaml:"rate"`
 	Burst int64  `json:"burst" yaml:"burst"`
 	Cost  string `json:"cost" yaml:"cost"`
+	// Period and Zone make the limit a budget for a calendar period,
+	// as the keys of a rule file's limits entry do.
+	Period string `json:"period,omitempty" yaml:"period,omitempty"`
+	Zone   string `json:"zone,omitempty" yaml:"zone,omitempty"`
 }
 
 func limitsOut(ls []bucket.Limit) []limitOut {
@@ -249,7 +253,11 @@ func limitsOut(ls []bucket.Limit) []limitOut {
 		if l.PerRequest {
 			cost = "request"
 		}
-		out = append(out, limitOut{l.Name, bucket.FormatRate(l.Amount, l.Period), l.Burst / bucket.Milli, cost})
+		lo := limitOut{Name: l.Name, Rate: bucket.FormatRate(l.Amount, l.Period), Burst: l.Burst / bucket.Milli, Cost: cost}
+		if l.IsBudget() {
+			lo.Period, lo.Zone = l.Calendar.String(), l.ZoneName()
+		}
+		out = append(out, lo)
 	}
 	return out
 }

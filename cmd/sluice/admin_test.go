@@ -116,7 +116,7 @@ func testLimitsCommands(t *testing.T, tb opStore) {
 	if err := json.Unmarshal([]byte(tb.run(t, 0, "limits", "get", "--entity", "zed", "--resource", "chat", "-o", "json")), &res); err != nil {
 		t.Fatal(err)
 	}
-	if res.Level != "resource" || len(res.Limits) != 2 || res.Limits[1] != (limitOut{"tpm", "40000/min", 60000, "hits"}) ||
+	if res.Level != "resource" || len(res.Limits) != 2 || res.Limits[1] != (limitOut{Name: "tpm", Rate: "40000/min", Burst: 60000, Cost: "hits"}) ||
 		len(res.Levels) != 4 || res.Levels[0].Found || !res.Levels[2].InForce || !res.Levels[3].Found || res.Levels[3].InForce {
 		t.Errorf("get zed/chat as JSON: %+v", res)
 	}

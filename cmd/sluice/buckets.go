@@ -34,6 +34,32 @@ type bucketLimitOut struct {
 	// Tokens now, with the refill since the last write applied.
 	Tokens   float64 `json:"tokens" yaml:"tokens"`
 	Consumed float64 `json:"consumed" yaml:"consumed"`
+	// Budget is, for a budget, the period in force and what of it is
+	// used and left.
+	Budget *budgetOut `json:"budget,omitempty" yaml:"budget,omitempty"`
+}
+
+// budgetOut is a budget's current period: its bounds in its zone, what
+// is used of it (the budget less what is left: tokens out on lease and
+// a debt carried from the period before count as used) and what is left
+// (below zero in debt).
+type budgetOut struct {
+	Start string  `json:"start" yaml:"start"`
+	End   string  `json:"end" yaml:"end"`
+	Used  float64 `json:"used" yaml:"used"`
+	Left  float64 `json:"left" yaml:"left"`
+}
+
+// budgetOf is l's period at now and what s, refilled to now, leaves of
+// it; nil for a rate.
+func budgetOf(l bucket.Limit, s bucket.State, now int64) *budgetOut {
+	if !l.IsBudget() {
+		return nil
+	}
+	p := bucket.Periods(l, now)
+	in := func(ms int64) string { return time.UnixMilli(ms).In(l.Zone).Format(time.RFC3339) }
+	return &budgetOut{Start: in(p.Start), End: in(p.End),
+		Used: float64(l.Amount-s.Tokens) / bucket.Milli, Left: float64(s.Tokens) / bucket.Milli}
 }
 
 type bucketOut struct {
@@ -108,7 +134,8 @@ func newBucketsGetCommand(o *adminOptions) *cobra.Command {
 			for i, l := range b.Limits {
 				nowStates[i] = bucket.Refill(l, b.States[i], now.UnixMilli())
 				out.Limits = append(out.Limits, bucketLimitOut{limitsOut([]bucket.Limit{l})[0],
-					float64(nowStates[i].Tokens) / bucket.Milli, float64(nowStates[i].Consumed) / bucket.Milli})
+					float64(nowStates[i].Tokens) / bucket.Milli, float64(nowStates[i].Consumed) / bucket.Milli,
+					budgetOf(l, nowStates[i], now.UnixMilli())})
 			}
 			return o.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {
 				fmt.Fprintf(w, "bucket of entity %s for resource %s\n", entity, resource)
@@ -121,6 +148,12 @@ func newBucketsGetCommand(o *adminOptions) *cobra.Command {
 				for i, l := range b.Limits {
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", l.Name, bucket.FormatRate(l.Amount, l.Period),
 						milliText(l.Burst), milliText(nowStates[i].Tokens), milliText(nowStates[i].Consumed))
+				}
+				for i, l := range b.Limits {
+					if bo := out.Limits[i].Budget; bo != nil {
+						fmt.Fprintf(w, "budget %s: a %s in %s, %s to %s: used %s, left %s\n", l.Name, l.Calendar, l.ZoneName(),
+							bo.Start, bo.End, milliText(l.Amount-nowStates[i].Tokens), milliText(nowStates[i].Tokens))
+					}
 				}
 			})
 		},
@@ -165,7 +198,7 @@ Prints what the bucket held before.`,
 				if limit == "" || l.Name == limit {
 					s := bucket.Refill(l, b.States[i], now.UnixMilli())
 					out.Limits = append(out.Limits, bucketLimitOut{limitsOut([]bucket.Limit{l})[0],
-						float64(s.Tokens) / bucket.Milli, float64(s.Consumed) / bucket.Milli})
+						float64(s.Tokens) / bucket.Milli, float64(s.Consumed) / bucket.Milli, budgetOf(l, s, now.UnixMilli())})
 				}
 			}
 			return o.print(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) {

@@ -24,11 +24,14 @@ with --table) or in Redis (--backend redis with --redis-url); no running
 Sluice is needed. A change reaches every replica within its config cache TTL
 (60 s), and an existing bucket takes the new limits on its next write.
 
-A limit is written name=rate[:burst=N][:cost=hits|request][:debt=N]:
+A limit is written name=rate[:burst=N][:cost=hits|request][:debt=N][:period=P][:zone=Z]:
 rpm=100/min, tpm=100000/min:burst=150000, or rpm=20/min:cost=request to count
 requests beside a token budget. The rate is N/unit or N/Kunit (s, min, h, day,
 week, month, year); the burst defaults to N; debt, how far below zero a charge
-after the response may take the limit, defaults to the burst (0: never).`
+after the response may take the limit, defaults to the burst (0: never).
+With a period (day, week, month or year) the limit is a budget for that
+calendar period in zone Z (default UTC), given in full at each period's start:
+month=10000000:period=month:zone=Europe/Berlin.`
 
 func newLimitsCommand() *cobra.Command {
 	return newAdminGroup(&cobra.Command{

@@ -17,6 +17,9 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	// Budgets follow time zones (limits with a zone): the image has no
+	// zoneinfo of its own, so the binary carries the database.
+	_ "time/tzdata"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
