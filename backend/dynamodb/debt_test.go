@@ -38,11 +38,7 @@ func TestChargesLandInDebt(t *testing.T) {
 // where 60 could be, 4,000 consumed for 8,000 charged).
 func TestChargesHoldTheBound(t *testing.T) {
 	e := newEnv(t)
-	now := func() int64 { return time.Now().UnixMilli() }
-	var ds []backendtest.Decider
-	for range 3 {
-		ds = append(ds, e.replica(t, Options{Now: now, KeyPrefix: "storm"}, slowWrites{e.client, 5 * time.Millisecond}))
-	}
+	ds := nearReplicas(t, e, "storm")
 	l := lim(t, "tpm", "1000/s", 1000)
 	l.Debt = 3000 * bucket.Milli
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
@@ -60,11 +56,7 @@ func TestChargesHoldTheBound(t *testing.T) {
 // three replicas 5 ms from the table.
 func TestChargeSpanAfterIdle(t *testing.T) {
 	e := newEnv(t)
-	now := func() int64 { return time.Now().UnixMilli() }
-	var ds []backendtest.Decider
-	for range 3 {
-		ds = append(ds, e.replica(t, Options{Now: now, KeyPrefix: "idle"}, slowWrites{e.client, 5 * time.Millisecond}))
-	}
+	ds := nearReplicas(t, e, "idle")
 	l := lim(t, "tpm", "1000/s", 1000)
 	l.Debt = 3000 * bucket.Milli
 	backendtest.ChargeSpanAfterIdle(t, ds, l, backendtest.ChargeLoad{Clients: 6, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 2 * time.Second})
@@ -116,10 +108,18 @@ func TestChargeOnAWarmLeaseCostsWhatAnAdmissionDoes(t *testing.T) {
 // at the limit's rate, as before debt (backendtest.FloodBesideCharges).
 func TestFloodAtARequestLimit(t *testing.T) {
 	e := newEnv(t)
+	ds := nearReplicas(t, e, "flood")
+	backendtest.FloodBesideCharges(t, ds, lim(t, "rpm", "100/s", 100))
+}
+
+// nearReplicas are three replicas 5 ms from e's table, on the wall
+// clock, with keys under prefix.
+func nearReplicas(t *testing.T, e *env, prefix string) []backendtest.Decider {
+	t.Helper()
 	now := func() int64 { return time.Now().UnixMilli() }
 	var ds []backendtest.Decider
 	for range 3 {
-		ds = append(ds, e.replica(t, Options{Now: now, KeyPrefix: "flood"}, slowWrites{e.client, 5 * time.Millisecond}))
+		ds = append(ds, e.replica(t, Options{Now: now, KeyPrefix: prefix}, slowWrites{e.client, 5 * time.Millisecond}))
 	}
-	backendtest.FloodBesideCharges(t, ds, lim(t, "rpm", "100/s", 100))
+	return ds
 }

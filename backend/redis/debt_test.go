@@ -39,11 +39,8 @@ func TestChargesLandInDebt(t *testing.T) {
 // while the bucket was in debt (80 admitted where 60 could be).
 func TestChargesHoldTheBound(t *testing.T) {
 	srv := redistest.Require(t)
-	var ds []backendtest.Decider
 	client := newClient(t, srv)
-	for range 3 {
-		ds = append(ds, newBackend(t, newClient(t, srv), Options{KeyPrefix: "storm", LeaseHorizon: 30 * time.Second, Call: farCall(5 * time.Millisecond)}))
-	}
+	ds := nearReplicas(t, srv, "storm")
 	l := bucket.Limit{Name: "tpm", Amount: 1000 * bucket.Milli, Period: bucket.Second, Burst: 1000 * bucket.Milli, Debt: 3000 * bucket.Milli}
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
 	r := backendtest.ChargeStorm(ds, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
@@ -60,10 +57,7 @@ func TestChargesHoldTheBound(t *testing.T) {
 // three replicas 5 ms from Redis.
 func TestChargeSpanAfterIdle(t *testing.T) {
 	srv := redistest.Require(t)
-	var ds []backendtest.Decider
-	for range 3 {
-		ds = append(ds, newBackend(t, newClient(t, srv), Options{KeyPrefix: "idle", LeaseHorizon: 30 * time.Second, Call: farCall(5 * time.Millisecond)}))
-	}
+	ds := nearReplicas(t, srv, "idle")
 	l := bucket.Limit{Name: "tpm", Amount: 1000 * bucket.Milli, Period: bucket.Second, Burst: 1000 * bucket.Milli, Debt: 3000 * bucket.Milli}
 	backendtest.ChargeSpanAfterIdle(t, ds, l, backendtest.ChargeLoad{Clients: 6, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 2 * time.Second})
 }
@@ -79,9 +73,17 @@ func TestResetBucket(t *testing.T) {
 // at the limit's rate, as before debt (backendtest.FloodBesideCharges).
 func TestFloodAtARequestLimit(t *testing.T) {
 	srv := redistest.Require(t)
+	ds := nearReplicas(t, srv, "flood")
+	backendtest.FloodBesideCharges(t, ds, bucket.Limit{Name: "rpm", Amount: 100 * bucket.Milli, Period: bucket.Second, Burst: 100 * bucket.Milli})
+}
+
+// nearReplicas are three replicas 5 ms from srv, leases on, with keys
+// under prefix.
+func nearReplicas(t *testing.T, srv *redistest.Server, prefix string) []backendtest.Decider {
+	t.Helper()
 	var ds []backendtest.Decider
 	for range 3 {
-		ds = append(ds, newBackend(t, newClient(t, srv), Options{KeyPrefix: "flood", LeaseHorizon: 30 * time.Second, Call: farCall(5 * time.Millisecond)}))
+		ds = append(ds, newBackend(t, newClient(t, srv), Options{KeyPrefix: prefix, LeaseHorizon: 30 * time.Second, Call: farCall(5 * time.Millisecond)}))
 	}
-	backendtest.FloodBesideCharges(t, ds, bucket.Limit{Name: "rpm", Amount: 100 * bucket.Milli, Period: bucket.Second, Burst: 100 * bucket.Milli})
+	return ds
 }
