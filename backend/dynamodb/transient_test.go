@@ -316,7 +316,7 @@ func TestAtTheLimitCallsDoNotWaitForTheTable(t *testing.T) {
 	req := backend.Request{Entity: "paced", Resource: "r", Defaults: []bucket.Limit{l}, Hits: 1}
 	const delay = 5 * time.Millisecond
 	replicas, ds := slowReplicas(t, e, 2, delay, req)
-	backendtest.Paced(ds, req, 1000, time.Second, 50*time.Millisecond) // the burst goes
+	backendtest.Paced(ds, req, 150, time.Second, 50*time.Millisecond) // the burst goes
 	var writes0, lost0 uint64
 	for _, b := range replicas {
 		writes0 += writeCalls(b)
