@@ -595,7 +595,7 @@ func (h *holding) drainedRenewing(res Resolved, fp string, now, maxAge int64) bo
 	if !h.renewing || maxAge <= 0 {
 		return false
 	}
-	if h.heldDrained && h.heldView == h.viewAt && now < h.expires {
+	if h.stillDrained(now) {
 		return h.drained(res, fp, now, max(maxAge, now-h.viewAt))
 	}
 	if h.drained(res, fp, now, maxAge) {
@@ -603,6 +603,13 @@ func (h *holding) drainedRenewing(res Resolved, fp string, now, maxAge int64) bo
 		return true
 	}
 	return false
+}
+
+// stillDrained reports whether h's view was found drained while the
+// renewal now on its way was (drainedRenewing), and no write has
+// replaced that view nor has the lease expired since. h locked.
+func (h *holding) stillDrained(now int64) bool {
+	return h.renewing && h.heldDrained && h.heldView == h.viewAt && now < h.expires
 }
 
 // outrun is Outrun for one lease, h locked.

@@ -160,7 +160,7 @@ func (ls *Leases[K]) heldDrained(bs []LeaseBucket[K], now int64) bool {
 			continue
 		}
 		h.mu.Lock()
-		held := h.renewing && h.heldDrained && h.heldView == h.viewAt && now < h.expires
+		held := h.stillDrained(now)
 		h.mu.Unlock()
 		if held {
 			return true
