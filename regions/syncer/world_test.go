@@ -163,8 +163,8 @@ type worldConfig struct {
 	minUse float64
 	settle int
 	// deadline is each call's: Envoy's 50 ms (the example envoy.yaml's)
-	// at full size; 1 s in make test, where three emulators share two
-	// cores with the rest of the suite and answer in tens of ms at times.
+	// at full size; 1 s in make test, where the emulator shares two
+	// cores with the rest of the suite and answers in tens of ms at times.
 	// maxFailed is the part of a region's calls that may fail (past their
 	// deadline): a thousandth at full size; two hundredths in make test,
 	// where a call on those cores beside the race detector and two busy
@@ -204,10 +204,14 @@ func newWorld(t *testing.T, c worldConfig) *world {
 		rate: float64(l.Amount) / float64(l.Period), key: regions.Key{Entity: "tenant-1", Resource: "api"}, deadline: c.deadline,
 		region: map[regions.Region]*region{}}
 	offsets := map[regions.Region]int64{"us-east-1": c.clock.Skew / 2, "eu-west-1": 0, "ap-south-1": -c.clock.Skew / 2}
+	// One DynamoDB Local holds every region's table, each behind proxies
+	// of its own: three emulators would be three JVMs compiling on the
+	// same two cores, and a region's decisions would wait for the
+	// machine rather than for its table.
+	srv := dynamodbtest.RequireOwn(t, dynamodbtest.Options{})
 	servers := map[regions.Region]*dynamodbtest.Server{}
 	tables := map[regions.Region]string{}
 	for _, name := range w.names {
-		srv := dynamodbtest.RequireOwn(t, dynamodbtest.Options{})
 		servers[name] = srv
 		tables[name] = srv.NewTable(t, func(ctx context.Context, c *dynamodb.Client, name string) error {
 			_, err := ddb.CreateTable(ctx, c, name)
@@ -597,8 +601,8 @@ func TestRegionsKeepTheBoundAndFollowDemand(t *testing.T) {
 		}
 		// A call that fails is one Envoy answers by its failure mode;
 		// past maxFailed of the calls, that is a fault of its own. The
-		// first window is the cold start of everything at once (three
-		// emulators' JVMs, six replicas and four syncs on two cores, each
+		// first window is the cold start of everything at once (the
+		// emulator's JVM, six replicas and four syncs on two cores, each
 		// replica's first reads of the key's records and share): it is
 		// held to coldFailed of its calls where that is set, and the rest of the run to
 		// maxFailed of the rest.
