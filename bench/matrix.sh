@@ -98,6 +98,14 @@ declare -A load_args=(
 	# emulator's JVM spends over half a core compiling in its first
 	# minute, on the cores the replicas and the callers share.
 	[far-limit-warm]="-descriptor bench_far=l -fresh -concurrency 300 -timeout 50ms -warmup 0 -prime -series 1s"
+	# far-limit-paced: the same key and deadlines, paced at 3,000 calls a
+	# second (six times the limit) instead of as fast as 300 callers go:
+	# the closed loop keeps two cores saturated at 18,000 calls a second,
+	# so its calls past the deadline are partly the callers' own queueing;
+	# paced, what is late is what the fleet made late. -warm: on a
+	# DynamoDB Local warmed first.
+	[far-limit-paced]="-descriptor bench_far=l -fresh -rate 3000 -concurrency 300 -timeout 50ms -warmup 0 -prime -series 1s"
+	[far-limit-paced-warm]="-descriptor bench_far=l -fresh -rate 3000 -concurrency 300 -timeout 50ms -warmup 0 -prime -series 1s"
 )
 # Replicas per load, where it is not REPLICAS (default 3).
 declare -A load_replicas=(
@@ -110,6 +118,8 @@ declare -A load_replicas=(
 	[far-zipf]=3
 	[far-limit]=3
 	[far-limit-warm]=3
+	[far-limit-paced]=3
+	[far-limit-paced-warm]=3
 )
 # The DynamoDB delay of a load that has its own (DYNAMODB_DELAY is the
 # others'): the distance is part of what it measures.
@@ -121,6 +131,8 @@ declare -A load_delay=(
 	[far-zipf]=70ms
 	[far-limit]=70ms
 	[far-limit-warm]=70ms
+	[far-limit-paced]=70ms
+	[far-limit-paced-warm]=70ms
 )
 # How long the store is warmed before the fleet starts (fleet.sh's
 # WARM_STORE), for the loads that measure a fleet's start on a store that
@@ -128,6 +140,7 @@ declare -A load_delay=(
 declare -A load_warm=(
 	[zipf-start-warm]=20s
 	[far-limit-warm]=20s
+	[far-limit-paced-warm]=20s
 )
 # The measured time of a load that needs its own, unless DURATION is set.
 declare -A load_duration=(
