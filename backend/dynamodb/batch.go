@@ -31,6 +31,20 @@ const contendedAttempts = 2
 // their limits again instead (Decide).
 var errLimitsChanged = errors.New("bucket rewritten under other limits")
 
+// contendedError fails a decision far from its bucket's limit whose
+// writes lost their races to other replicas' until it ran out of
+// attempts (Options.MaxAttempts): the failure policy answers it. Near
+// the limit such a decision is denied instead. attempts is 0 where the
+// count is not known.
+type contendedError struct{ attempts int }
+
+func (e contendedError) Error() string {
+	if e.attempts == 0 {
+		return "gave up after contended writes"
+	}
+	return fmt.Sprintf("gave up after %d contended writes", e.attempts)
+}
+
 // cfgs lists the limits (cfg) each target's item carries as last seen,
 // "" for none.
 func cfgs(ts []target) []string {
@@ -213,7 +227,7 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 				b.contended(ts, live, now)
 				return
 			}
-			fail(live, fmt.Errorf("bucket %q/%q: gave up after %d contended writes", ts[0].key.entity, ts[0].key.resource, attempt))
+			fail(live, fmt.Errorf("bucket %q/%q: %w", ts[0].key.entity, ts[0].key.resource, contendedError{attempt}))
 			return
 		}
 		// The first retry starts at once from the state the race returned;
@@ -481,7 +495,7 @@ func (b *Backend) keepCharging(ts []target, calls []*call, now int64) bool {
 			c.deny()
 			b.stats.Contended.Add(1)
 		} else {
-			c.err = fmt.Errorf("bucket %q/%q: gave up after contended writes", ts[0].key.entity, ts[0].key.resource)
+			c.err = fmt.Errorf("bucket %q/%q: %w", ts[0].key.entity, ts[0].key.resource, contendedError{})
 		}
 		c.finish()
 	}

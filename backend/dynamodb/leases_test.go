@@ -2,6 +2,7 @@ package dynamodb
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -354,6 +355,7 @@ func leaseSimulation(t *testing.T, refunds bool, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 99))
 	type key struct{ entity, limit string }
 	admitted := map[key]int64{} // millitokens
+	var gaveUp atomic.Int64
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for step := range 1500 {
@@ -389,6 +391,11 @@ func leaseSimulation(t *testing.T, refunds bool, seed uint64) {
 		go func() {
 			defer wg.Done()
 			d, err := replicas[r].Decide(context.Background(), &req)
+			if errors.As(err, new(contendedError)) {
+				gaveUp.Add(1)
+				t.Logf("decide %+v: %v", req, err)
+				return
+			}
 			if err != nil {
 				t.Errorf("decide %+v: %v", req, err)
 				return
@@ -416,6 +423,15 @@ func leaseSimulation(t *testing.T, refunds bool, seed uint64) {
 	wg.Wait()
 	replicas[2].Close()
 	elapsed := e.clock.now() - start
+	// Three replicas writing one bucket at once, eight calls at a time,
+	// lose races to each other; a decision that loses every one of its
+	// attempts far from the limit is left to the failure policy, as
+	// designed. On a quiet machine none does; beside two busy loops and
+	// the rest of the suite, 2 of 1,500 did in one run. More than a
+	// hundredth would be writes that cannot land.
+	if n := gaveUp.Load(); n > 15 {
+		t.Errorf("%d of 1,500 decisions gave up after contended writes, want at most 15", n)
+	}
 
 	found := 0
 	if err := e.admin(t, "").AllBuckets(t.Context(), func(bk backend.Bucket) error {
