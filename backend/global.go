@@ -68,14 +68,18 @@ func (g Global) Apply(global bool, res Resolved) Resolved {
 	if !global || g.region == "" {
 		return res
 	}
-	return scale(res, g.Parts())
+	return scale(res, g.Parts(), g.Parts())
 }
 
 // ApplyShare is res as a request of a global rule enforces it on a
 // moving Global, under its region's share record rec of the key, while
-// the replica's clock reads now (ms).
+// the replica's clock reads now (ms). Its rates follow the share; its
+// budgets keep the region's base part: a period's tokens that one
+// region has spent cannot move to another when demand does, so a
+// budget whose part followed demand could be spent once under a large
+// part and again elsewhere after the part moved.
 func (g Global) ApplyShare(res Resolved, rec regions.Record, now int64) Resolved {
-	return scale(res, rec.InForce(g.split, g.region, g.clock, now))
+	return scale(res, rec.InForce(g.split, g.region, g.clock, now), g.Parts())
 }
 
 // Enforce is res, the limits entity's bucket resolved to, as req
@@ -90,14 +94,18 @@ func (g Global) Enforce(ctx context.Context, req *Request, entity string, res Re
 	return m.enforce(ctx, req, entity, res)
 }
 
-// scale is res with its limits scaled to parts, in a new slice: res's
-// may be shared.
-func scale(res Resolved, parts int64) Resolved {
+// scale is res with its rates scaled to parts and its budgets to
+// budgetParts, in a new slice: res's may be shared.
+func scale(res Resolved, parts, budgetParts int64) Resolved {
 	if len(res.Limits) == 0 {
 		return res
 	}
 	scaled := make([]bucket.Limit, len(res.Limits))
 	for i, l := range res.Limits {
+		if l.IsBudget() {
+			scaled[i] = regions.Scale(l, budgetParts)
+			continue
+		}
 		scaled[i] = regions.Scale(l, parts)
 	}
 	res.Limits = scaled

@@ -74,13 +74,21 @@ func (s Split) Has(r Region) bool {
 }
 
 // Scale is the part of l that parts stands for: its rate (Amount per
-// Period) and its Burst, each times parts/Total, rounded down, so that
-// shares summing to at most Total never scale to more than l. Name,
-// Period and PerRequest are l's.
+// Period), its Burst and an explicit Debt floor, each times
+// parts/Total, rounded down, so that shares summing to at most Total
+// never scale to more than l, its debt included. A Debt of one burst
+// (0) or none (NoDebt) stays so. Name, Period, PerRequest and a
+// budget's calendar are l's.
 func Scale(l bucket.Limit, parts int64) bucket.Limit {
 	parts = min(max(parts, 0), Total)
 	l.Amount = mulDiv(l.Amount, parts, Total)
 	l.Burst = mulDiv(l.Burst, parts, Total)
+	if l.Debt > 0 {
+		// Rounded down to 0 it would read as one burst, which may be
+		// more than l's own part of the floor: a millitoken, unless the
+		// part has no burst either.
+		l.Debt = max(mulDiv(l.Debt, parts, Total), min(l.Burst, 1))
+	}
 	return l
 }
 

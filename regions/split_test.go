@@ -70,6 +70,28 @@ func TestScale(t *testing.T) {
 	if amount > odd.Amount || burst > odd.Burst {
 		t.Errorf("thirds of %+v scale to %d and %d together", odd, amount, burst)
 	}
+	// A charge's debt floor is split as the burst is: the regions
+	// together go no further below zero than the limit allows.
+	debt := bucket.Limit{Name: "tpm", Amount: 40_000 * bucket.Milli, Period: 60_000, Burst: 60_000 * bucket.Milli, Debt: 100_000 * bucket.Milli}
+	var floor int64
+	for _, p := range []int64{Total / 2, Total * 3 / 10, Total / 5} {
+		floor += Scale(debt, p).Debt
+	}
+	if floor != debt.Debt {
+		t.Errorf("the parts' debt floors add up to %d, want the limit's %d", floor, debt.Debt)
+	}
+	for _, d := range []int64{0, bucket.NoDebt} {
+		l := debt
+		l.Debt = d
+		if got := Scale(l, Total/4).Debt; got != d {
+			t.Errorf("debt %d scaled to %d, want it kept (one burst, none)", d, got)
+		}
+	}
+	tiny := debt
+	tiny.Debt = 3
+	if got := Scale(tiny, Total/1000); got.Debt != 1 || got.Validate() != nil {
+		t.Errorf("a debt of 3 millitokens at a thousandth: %+v (%v), want 1, not 0 (one burst)", got, got.Validate())
+	}
 	huge := bucket.Limit{Name: "huge", Amount: 1 << 62, Period: 1, Burst: 1 << 62}
 	if got := Scale(huge, Total/2); got.Amount != 1<<61 {
 		t.Errorf("half of 2^62: %d, want 2^61 (no overflow)", got.Amount)

@@ -9,12 +9,16 @@ type Key struct{ Entity, Resource string }
 // of window milliseconds, in parts (Total is the whole rate of the
 // limit for the window): of the request's limits, the one it asks the
 // most of. A limit that refills nothing counts as a hundred limits, as
-// much as Targets plans for. Summed over a slot's requests it is the
-// demand a sync plans on; a float, because a single request is a small
-// fraction of a part of a busy limit.
+// much as Targets plans for. Budgets do not count: their parts do not
+// follow demand (backend.Global.ApplyShare). Summed over a slot's
+// requests it is the demand a sync plans on; a float, because a single
+// request is a small fraction of a part of a busy limit.
 func Asked(limits []bucket.Limit, hits, window int64) float64 {
 	var most float64
 	for _, l := range limits {
+		if l.IsBudget() {
+			continue
+		}
 		cost := float64(hits) * bucket.Milli
 		if l.PerRequest {
 			cost = bucket.Milli

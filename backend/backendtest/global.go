@@ -90,6 +90,27 @@ func ShareFollowsRecord(t *testing.T, w ShareWorld) {
 	if got := admitted("tenant-2"); got != 100 {
 		t.Errorf("no record: admitted %d, want 100 (the base)", got)
 	}
+	// A budget beside the rate keeps the region's base part whatever the
+	// record lends: a month's tokens spent under a loan could not be
+	// given back when the loan ends.
+	month, err := bucket.Spec{Name: "month", Rate: "400", Period: "month"}.Limit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Put("tenant-4", regions.Record{In: map[regions.Region]regions.Loans{"us-east-1": {loan}}}, 0)
+	budgeted := 0
+	for range 300 {
+		d, err := w.Backend.Decide(context.Background(), &backend.Request{Entity: "tenant-4", Resource: "api", Defaults: []bucket.Limit{l, month}, Hits: 1, Global: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Allowed {
+			budgeted++
+		}
+	}
+	if budgeted != 100 {
+		t.Errorf("a month's budget of 400 beside the rate, under the loan: admitted %d, want 100 (the base's part of the budget)", budgeted)
+	}
 	loan.Back = m + 1
 	w.Put("tenant-1", regions.Record{In: map[regions.Region]regions.Loans{"us-east-1": {loan}}}, 1)
 	w.Advance(clock.Window) // the next slot, past CacheFor
