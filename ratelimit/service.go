@@ -215,14 +215,14 @@ func (s *Service) shouldRateLimit(ctx context.Context, cfg *descriptors.Config, 
 			// one a quota, limited or not, as QUOTA_MODE does there.
 			tally.count(i, d, over, s.opts.QuotaMode || (limited && m.Rule.QuotaMode), limited)
 		}
-		if over {
+		if over && !s.opts.ShadowMode {
 			s.stats.over.Add(1)
 		} else {
 			s.stats.ok.Add(1)
 		}
 	}
 	over, passed := tally.result()
-	if over {
+	if over && !s.opts.ShadowMode {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if s.opts.ResponseHeaders {
@@ -292,8 +292,14 @@ func (s *Service) decide(ctx, backendCtx context.Context, req *rlsv3.RateLimitRe
 	}
 	if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 		outcome = OutcomeOverLimit
+		// A rule in shadow mode answers its descriptor OK. Global shadow
+		// mode keeps each descriptor's own code, so that what would have
+		// been denied shows, and answers the request OK (Check), as
+		// envoyproxy/ratelimit does with SHADOW_MODE.
 		if s.opts.ShadowMode || m.Rule.ShadowMode {
-			st.Code = rlsv3.RateLimitResponse_OK
+			if m.Rule.ShadowMode {
+				st.Code = rlsv3.RateLimitResponse_OK
+			}
 			s.stats.shadow.Add(1)
 			outcome = OutcomeShadowOverLimit
 		}

@@ -288,10 +288,23 @@ func TestShadowModeAndReplaces(t *testing.T) {
 		t.Errorf("unlimited beside a rule replacing it: %+v", resp.Statuses)
 	}
 
-	global, _ := newService(t, ratelimit.Options{ShadowMode: true})
-	blocked := &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("blocked", "v")}}
-	if resp := call(t, global, blocked); resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit == nil {
-		t.Errorf("global shadow mode enforced a limit: %+v", resp)
+	// Global shadow mode answers the request OK but keeps each
+	// descriptor's own code, as envoyproxy/ratelimit's SHADOW_MODE does:
+	// what would have been denied shows. A rule's shadow_mode answers its
+	// descriptor OK.
+	mem := memory.New(memory.Options{SweepInterval: -1})
+	t.Cleanup(func() { mem.Close() })
+	svc := ratelimit.New(rules(t, testRules), mem, ratelimit.Options{ShadowMode: true})
+	global := serve(t, svc)
+	blocked := &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{desc("blocked", "v"), desc("shadow", "w")}}
+	call(t, global, blocked)
+	resp = call(t, global, blocked)
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit == nil ||
+		resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[1].Code != rlsv3.RateLimitResponse_OK {
+		t.Errorf("global shadow mode, a blocked descriptor and a shadow rule's over its limit: %+v", resp)
+	}
+	if st := svc.Stats(); st.OverLimit != 0 || st.ShadowOverLimit != 3 {
+		t.Errorf("global shadow mode counted %d over the limit and %d shadowed, want 0 and 3", st.OverLimit, st.ShadowOverLimit)
 	}
 }
 
