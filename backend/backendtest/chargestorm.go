@@ -33,17 +33,35 @@ type ChargeLoad struct {
 // duration; 3 s unless set): `make bench-charges` runs them for 20 s.
 const ChargeRunEnv = "SLUICE_CHARGE_RUN"
 
+// ChargeDelayEnv names the environment variable that sets how far the
+// stores of the backends' TestChargesHoldTheBound are from their
+// replicas (a Go duration; 5 ms unless set): 70ms puts them in another
+// region.
+const ChargeDelayEnv = "SLUICE_CHARGE_DELAY"
+
 // ChargeRun is how long a charge storm runs: ChargeRunEnv's duration, or
 // 3 s. A value that is not a positive duration fails t.
 func ChargeRun(t testing.TB) time.Duration {
 	t.Helper()
-	v := os.Getenv(ChargeRunEnv)
+	return envDuration(t, ChargeRunEnv, 3*time.Second)
+}
+
+// ChargeDelay is how far a charge storm's store is: ChargeDelayEnv's
+// duration, or 5 ms. A value that is not a positive duration fails t.
+func ChargeDelay(t testing.TB) time.Duration {
+	t.Helper()
+	return envDuration(t, ChargeDelayEnv, 5*time.Millisecond)
+}
+
+func envDuration(t testing.TB, name string, unset time.Duration) time.Duration {
+	t.Helper()
+	v := os.Getenv(name)
 	if v == "" {
-		return 3 * time.Second
+		return unset
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		t.Fatalf("%s=%q: want a positive Go duration such as 20s", ChargeRunEnv, v)
+		t.Fatalf("%s=%q: want a positive Go duration such as 20s", name, v)
 	}
 	return d
 }

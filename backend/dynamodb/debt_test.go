@@ -29,7 +29,8 @@ func TestChargesLandInDebt(t *testing.T) {
 	}
 }
 
-// Twenty gateway callers over three replicas 5 ms from the table each
+// Twenty gateway callers over three replicas 5 ms from the table
+// (backendtest.ChargeDelayEnv sets another distance) each
 // check, wait while the model answers and charge 100 tokens: what the
 // admitted requests use stays within B + R*T and the requests in
 // flight (backendtest.ChargeStorm), with leases on, and the table counts
@@ -38,7 +39,7 @@ func TestChargesLandInDebt(t *testing.T) {
 // where 60 could be, 4,000 consumed for 8,000 charged).
 func TestChargesHoldTheBound(t *testing.T) {
 	e := newEnv(t)
-	ds := nearReplicas(t, e, "storm")
+	ds := replicasAt(t, e, "storm", backendtest.ChargeDelay(t))
 	l := lim(t, "tpm", "1000/s", 1000)
 	l.Debt = 3000 * bucket.Milli
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
@@ -116,10 +117,16 @@ func TestFloodAtARequestLimit(t *testing.T) {
 // clock, with keys under prefix.
 func nearReplicas(t *testing.T, e *env, prefix string) []backendtest.Decider {
 	t.Helper()
+	return replicasAt(t, e, prefix, 5*time.Millisecond)
+}
+
+// replicasAt is three replicas whose writes take delay.
+func replicasAt(t *testing.T, e *env, prefix string, delay time.Duration) []backendtest.Decider {
+	t.Helper()
 	now := func() int64 { return time.Now().UnixMilli() }
 	var ds []backendtest.Decider
 	for range 3 {
-		ds = append(ds, e.replica(t, Options{Now: now, KeyPrefix: prefix}, slowWrites{e.client, 5 * time.Millisecond}))
+		ds = append(ds, e.replica(t, Options{Now: now, KeyPrefix: prefix}, slowWrites{e.client, delay}))
 	}
 	return ds
 }

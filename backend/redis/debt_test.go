@@ -30,7 +30,8 @@ func TestChargesLandInDebt(t *testing.T) {
 	}
 }
 
-// Twenty gateway callers over three replicas 5 ms from Redis each check,
+// Twenty gateway callers over three replicas 5 ms from Redis (or
+// backendtest.ChargeDelayEnv's distance) each check,
 // wait while the model answers and charge 100 tokens: what the admitted
 // requests use stays within B + R*T and the requests in flight
 // (backendtest.ChargeStorm), with leases on, and Redis counts every
@@ -40,7 +41,7 @@ func TestChargesLandInDebt(t *testing.T) {
 func TestChargesHoldTheBound(t *testing.T) {
 	srv := redistest.Require(t)
 	client := newClient(t, srv)
-	ds := nearReplicas(t, srv, "storm")
+	ds := replicasAt(t, srv, "storm", backendtest.ChargeDelay(t))
 	l := bucket.Limit{Name: "tpm", Amount: 1000 * bucket.Milli, Period: bucket.Second, Burst: 1000 * bucket.Milli, Debt: 3000 * bucket.Milli}
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
 	r := backendtest.ChargeStorm(ds, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
@@ -81,9 +82,15 @@ func TestFloodAtARequestLimit(t *testing.T) {
 // under prefix.
 func nearReplicas(t *testing.T, srv *redistest.Server, prefix string) []backendtest.Decider {
 	t.Helper()
+	return replicasAt(t, srv, prefix, 5*time.Millisecond)
+}
+
+// replicasAt is three replicas each of whose calls takes delay more.
+func replicasAt(t *testing.T, srv *redistest.Server, prefix string, delay time.Duration) []backendtest.Decider {
+	t.Helper()
 	var ds []backendtest.Decider
 	for range 3 {
-		ds = append(ds, newBackend(t, newClient(t, srv), Options{KeyPrefix: prefix, LeaseHorizon: 30 * time.Second, Call: farCall(5 * time.Millisecond)}))
+		ds = append(ds, newBackend(t, newClient(t, srv), Options{KeyPrefix: prefix, LeaseHorizon: 30 * time.Second, Call: farCall(delay)}))
 	}
 	return ds
 }
