@@ -204,7 +204,7 @@ func ChargeSpanAfterIdle(t *testing.T, ds []Decider, l bucket.Limit, load Charge
 	return r
 }
 
-// FloodBesideCharges holds the other half of the debt rule: plain
+// FloodAtARequestLimit holds the other half of the debt rule: plain
 // requests (hits of their own, never charges) at three times a request
 // limit of 100 a second with a burst of 100, paced over ds for 3 s from
 // a fresh bucket, are admitted within [0.9, 1.0] of B + R*T + 1. A
@@ -212,10 +212,10 @@ func ChargeSpanAfterIdle(t *testing.T, ds []Decider, l bucket.Limit, load Charge
 // never locked out beyond its rate, while debt stays open to the
 // charges that other limits of the same rule file take (the limit's
 // default debt of one burst is in force).
-func FloodBesideCharges(t *testing.T, ds []Decider, l bucket.Limit) {
+func FloodAtARequestLimit(t *testing.T, ds []Decider, l bucket.Limit) {
 	t.Helper()
 	if l.Amount != 100*bucket.Milli || l.Period != bucket.Second || l.Burst != 100*bucket.Milli {
-		t.Fatalf("FloodBesideCharges wants a limit of 100/s with a burst of 100, got %+v", l)
+		t.Fatalf("FloodAtARequestLimit wants a limit of 100/s with a burst of 100, got %+v", l)
 	}
 	req := backend.Request{Entity: "flood", Resource: "api", Defaults: []bucket.Limit{l}, Hits: 1}
 	// A second of the same flood on another key first: a store's first

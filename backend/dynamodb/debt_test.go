@@ -106,11 +106,11 @@ func TestChargeOnAWarmLeaseCostsWhatAnAdmissionDoes(t *testing.T) {
 }
 
 // A flood of plain requests at three times a request limit is admitted
-// at the limit's rate, as before debt (backendtest.FloodBesideCharges).
+// at the limit's rate, as before debt (backendtest.FloodAtARequestLimit).
 func TestFloodAtARequestLimit(t *testing.T) {
 	e := newEnv(t)
 	ds := nearReplicas(t, e, "flood")
-	backendtest.FloodBesideCharges(t, ds, lim(t, "rpm", "100/s", 100))
+	backendtest.FloodAtARequestLimit(t, ds, lim(t, "rpm", "100/s", 100))
 }
 
 // nearReplicas are three replicas 5 ms from e's table, on the wall

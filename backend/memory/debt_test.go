@@ -54,9 +54,9 @@ func TestChargesLandInTheRegionsShare(t *testing.T) {
 }
 
 // A flood of plain requests at three times a request limit is admitted
-// at the limit's rate, as before debt (backendtest.FloodBesideCharges).
+// at the limit's rate, as before debt (backendtest.FloodAtARequestLimit).
 func TestFloodAtARequestLimit(t *testing.T) {
 	b := New(Options{SweepInterval: -1})
 	t.Cleanup(func() { b.Close() })
-	backendtest.FloodBesideCharges(t, []backendtest.Decider{b}, limit(t, "rpm=100/s:100"))
+	backendtest.FloodAtARequestLimit(t, []backendtest.Decider{b}, limit(t, "rpm=100/s:100"))
 }

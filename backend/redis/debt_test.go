@@ -71,11 +71,11 @@ func TestResetBucket(t *testing.T) {
 }
 
 // A flood of plain requests at three times a request limit is admitted
-// at the limit's rate, as before debt (backendtest.FloodBesideCharges).
+// at the limit's rate, as before debt (backendtest.FloodAtARequestLimit).
 func TestFloodAtARequestLimit(t *testing.T) {
 	srv := redistest.Require(t)
 	ds := nearReplicas(t, srv, "flood")
-	backendtest.FloodBesideCharges(t, ds, bucket.Limit{Name: "rpm", Amount: 100 * bucket.Milli, Period: bucket.Second, Burst: 100 * bucket.Milli})
+	backendtest.FloodAtARequestLimit(t, ds, bucket.Limit{Name: "rpm", Amount: 100 * bucket.Milli, Period: bucket.Second, Burst: 100 * bucket.Milli})
 }
 
 // nearReplicas are three replicas 5 ms from srv, leases on, with keys
