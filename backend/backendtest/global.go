@@ -19,15 +19,24 @@ func GlobalClock() regions.Clock { return regions.Clock{Window: 10_000, Skew: 1_
 // GlobalClock.
 func MovingGlobal(tb testing.TB) backend.Global {
 	tb.Helper()
-	split, err := regions.NewSplit(map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1})
+	g, err := FixedGlobal(tb, map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1}, "eu-west-1").Moving(GlobalClock())
 	if err != nil {
 		tb.Fatal(err)
 	}
-	g, err := backend.NewGlobal(split, "eu-west-1")
+	return g
+}
+
+// FixedGlobal is the Global of a replica in region, global limits split
+// between the regions by weights and never moved: each region enforces
+// its weight's part of the limit.
+func FixedGlobal(tb testing.TB, weights map[regions.Region]int64, region regions.Region) backend.Global {
+	tb.Helper()
+	split, err := regions.NewSplit(weights)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if g, err = g.Moving(GlobalClock()); err != nil {
+	g, err := backend.NewGlobal(split, region)
+	if err != nil {
 		tb.Fatal(err)
 	}
 	return g

@@ -369,14 +369,7 @@ func TestAtTheLimitCallsDoNotWaitForTheTable(t *testing.T) {
 // without either part of the rule, 4, 8 and 14 of about 2,300 in three
 // runs, slowest calls 31 to 51 ms.
 func TestRegionAtItsPartsLimitDoesNotWaitForTheTable(t *testing.T) {
-	split, err := regions.NewSplit(map[regions.Region]int64{"us-east-1": 1, "eu-west-1": 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := backend.NewGlobal(split, "us-east-1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := backendtest.FixedGlobal(t, map[regions.Region]int64{"us-east-1": 1, "eu-west-1": 1}, "us-east-1")
 	const delay = 5 * time.Millisecond
 	e := newEnv(t)
 	req := backend.Request{Entity: "paced", Resource: "r", Defaults: []bucket.Limit{lim(t, "x", "200/s", 100)}, Hits: 1, Global: true}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/backendtest"
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/regions"
 )
@@ -405,16 +406,7 @@ func TestCancelledContext(t *testing.T) {
 // euWestQuarter is a replica's view of global limits split 3:1 between
 // us-east-1 and eu-west-1, from eu-west-1: a quarter of each.
 func euWestQuarter(t *testing.T) backend.Global {
-	t.Helper()
-	split, err := regions.NewSplit(map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := backend.NewGlobal(split, "eu-west-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return g
+	return backendtest.FixedGlobal(t, map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1}, "eu-west-1")
 }
 
 func TestGlobalLimitSplitByRegion(t *testing.T) {
