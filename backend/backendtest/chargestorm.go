@@ -175,6 +175,21 @@ func (r ChargeResult) Counted(t testing.TB, consumed int64, load ChargeLoad) {
 	}
 }
 
+// RegionalChargeStorm is ChargeStorm on a global limit l over ds, the
+// replicas of one region, each deciding under g: a global limit's
+// charges land in the region's part of it, so the region's part (its
+// burst, rate and debt floor as g scales them) must hold the bound with
+// debt (HoldsTheBound). It returns the part beside the result. The
+// tenant is region-tenant/chat.
+func RegionalChargeStorm(t *testing.T, ds []Decider, g backend.Global, l bucket.Limit, load ChargeLoad) (ChargeResult, bucket.Limit) {
+	t.Helper()
+	part := g.Apply(true, backend.Resolved{Limits: []bucket.Limit{l}}).Limits[0]
+	t.Logf("the region's part of %d/%d ms: %d/%d ms, burst %d, debt %d (millitokens)", l.Amount, l.Period, part.Amount, part.Period, part.Burst, part.Debt)
+	r := ChargeStorm(ds, backend.Request{Entity: "region-tenant", Resource: "chat", Defaults: []bucket.Limit{l}, Global: true}, load)
+	r.HoldsTheBound(t, part, load)
+	return r, part
+}
+
 // ChargeSpanAfterIdle holds the bound with debt over a span that starts
 // after idle: each of ds checks and charges a few requests (their
 // leases are taken), the bucket then sits idle until it has refilled to

@@ -7,6 +7,7 @@ import (
 	"github.com/sluice-rl/sluice/backend"
 	"github.com/sluice-rl/sluice/backend/backendtest"
 	"github.com/sluice-rl/sluice/backend/bucket"
+	"github.com/sluice-rl/sluice/regions"
 )
 
 // Charges after the response land beyond what is left, into debt, on
@@ -39,13 +40,34 @@ func TestChargesLandInDebt(t *testing.T) {
 // where 60 could be, 4,000 consumed for 8,000 charged).
 func TestChargesHoldTheBound(t *testing.T) {
 	e := newEnv(t)
-	ds := replicasAt(t, e, "storm", backendtest.ChargeDelay(t))
+	ds := replicasAt(t, e, Options{KeyPrefix: "storm"}, backendtest.ChargeDelay(t))
 	l := lim(t, "tpm", "1000/s", 1000)
 	l.Debt = 3000 * bucket.Milli
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
 	r := backendtest.ChargeStorm(ds, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
 	r.HoldsTheBound(t, l, load)
 	bk, ok, err := e.admin(t, "storm").GetBucket(t.Context(), "tenant", "chat")
+	if err != nil || !ok {
+		t.Fatalf("reading the bucket: found %v, %v", ok, err)
+	}
+	r.Counted(t, bk.States[0].Consumed, load)
+}
+
+// A global limit's charges land in the region's part of it, into debt
+// there (backendtest.RegionalChargeStorm): three replicas in eu-west-1,
+// weighted 1 to us-east-1's 3, 5 ms from the region's table
+// (backendtest.ChargeDelayEnv sets another distance), hold the bound
+// with debt on their quarter of the tenant's 4,000 tokens a second, and
+// the table counts every charge.
+func TestChargesHoldTheBoundInARegion(t *testing.T) {
+	e := newEnv(t)
+	g := backendtest.FixedGlobal(t, map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1}, "eu-west-1")
+	ds := replicasAt(t, e, Options{KeyPrefix: "region-storm", Global: g}, backendtest.ChargeDelay(t))
+	l := lim(t, "tpm", "4000/s", 4000)
+	l.Debt = 12000 * bucket.Milli
+	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
+	r, _ := backendtest.RegionalChargeStorm(t, ds, g, l, load)
+	bk, ok, err := e.admin(t, "region-storm").GetBucket(t.Context(), "region-tenant", "chat")
 	if err != nil || !ok {
 		t.Fatalf("reading the bucket: found %v, %v", ok, err)
 	}
@@ -117,16 +139,17 @@ func TestFloodAtARequestLimit(t *testing.T) {
 // clock, with keys under prefix.
 func nearReplicas(t *testing.T, e *env, prefix string) []backendtest.Decider {
 	t.Helper()
-	return replicasAt(t, e, prefix, 5*time.Millisecond)
+	return replicasAt(t, e, Options{KeyPrefix: prefix}, 5*time.Millisecond)
 }
 
-// replicasAt is three replicas whose writes take delay.
-func replicasAt(t *testing.T, e *env, prefix string, delay time.Duration) []backendtest.Decider {
+// replicasAt is three replicas of opts on the wall clock whose writes
+// take delay.
+func replicasAt(t *testing.T, e *env, opts Options, delay time.Duration) []backendtest.Decider {
 	t.Helper()
-	now := func() int64 { return time.Now().UnixMilli() }
+	opts.Now = func() int64 { return time.Now().UnixMilli() }
 	var ds []backendtest.Decider
 	for range 3 {
-		ds = append(ds, e.replica(t, Options{Now: now, KeyPrefix: prefix}, slowWrites{e.client, delay}))
+		ds = append(ds, e.replica(t, opts, slowWrites{e.client, delay}))
 	}
 	return ds
 }

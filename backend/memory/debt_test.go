@@ -35,6 +35,24 @@ func TestChargesHoldTheBound(t *testing.T) {
 	r.Counted(t, snap.States[0].Consumed, load)
 }
 
+// The storm of TestChargesHoldTheBound on a global limit four times as
+// large, on a replica in eu-west-1 whose part is a quarter of it
+// (backendtest.RegionalChargeStorm): the bound with debt holds on the
+// region's part.
+func TestChargesHoldTheBoundInARegion(t *testing.T) {
+	b := New(Options{SweepInterval: -1, Global: euWestQuarter(t)})
+	t.Cleanup(func() { b.Close() })
+	l := limit(t, "tpm=4000/s:4000")
+	l.Debt = 8000 * bucket.Milli
+	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
+	r, _ := backendtest.RegionalChargeStorm(t, []backendtest.Decider{b}, euWestQuarter(t), l, load)
+	snap, ok := b.Snapshot("region-tenant", "chat")
+	if !ok {
+		t.Fatal("the tenant's bucket is gone")
+	}
+	r.Counted(t, snap.States[0].Consumed, load)
+}
+
 // A global limit's charges land in their region's part of it: eu-west-1,
 // a quarter of 400 a second (100, and a burst of 100), charged 250 tokens
 // goes a burst into debt there (its floor is its part's burst), and

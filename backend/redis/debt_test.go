@@ -8,6 +8,7 @@ import (
 	"github.com/sluice-rl/sluice/backend/backendtest"
 	"github.com/sluice-rl/sluice/backend/bucket"
 	"github.com/sluice-rl/sluice/backend/redis/redistest"
+	"github.com/sluice-rl/sluice/regions"
 )
 
 // Charges after the response land beyond what is left, into debt, on a
@@ -41,12 +42,33 @@ func TestChargesLandInDebt(t *testing.T) {
 func TestChargesHoldTheBound(t *testing.T) {
 	srv := redistest.Require(t)
 	client := newClient(t, srv)
-	ds := replicasAt(t, srv, "storm", backendtest.ChargeDelay(t))
+	ds := replicasAt(t, srv, Options{KeyPrefix: "storm"}, backendtest.ChargeDelay(t))
 	l := bucket.Limit{Name: "tpm", Amount: 1000 * bucket.Milli, Period: bucket.Second, Burst: 1000 * bucket.Milli, Debt: 3000 * bucket.Milli}
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
 	r := backendtest.ChargeStorm(ds, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
 	r.HoldsTheBound(t, l, load)
 	bk, ok, err := newAdmin(t, client, "storm", nil).GetBucket(t.Context(), "tenant", "chat")
+	if err != nil || !ok {
+		t.Fatalf("reading the bucket: found %v, %v", ok, err)
+	}
+	r.Counted(t, bk.States[0].Consumed, load)
+}
+
+// A global limit's charges land in the region's part of it, into debt
+// there (backendtest.RegionalChargeStorm): three replicas in eu-west-1,
+// weighted 1 to us-east-1's 3, on the region's Redis 5 ms away
+// (backendtest.ChargeDelayEnv sets another distance), hold the bound
+// with debt on their quarter of the tenant's 4,000 tokens a second, and
+// Redis counts every charge.
+func TestChargesHoldTheBoundInARegion(t *testing.T) {
+	srv := redistest.Require(t)
+	client := newClient(t, srv)
+	g := backendtest.FixedGlobal(t, map[regions.Region]int64{"us-east-1": 3, "eu-west-1": 1}, "eu-west-1")
+	ds := replicasAt(t, srv, Options{KeyPrefix: "region-storm", Global: g}, backendtest.ChargeDelay(t))
+	l := bucket.Limit{Name: "tpm", Amount: 4000 * bucket.Milli, Period: bucket.Second, Burst: 4000 * bucket.Milli, Debt: 12000 * bucket.Milli}
+	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
+	r, _ := backendtest.RegionalChargeStorm(t, ds, g, l, load)
+	bk, ok, err := newAdmin(t, client, "region-storm", nil).GetBucket(t.Context(), "region-tenant", "chat")
 	if err != nil || !ok {
 		t.Fatalf("reading the bucket: found %v, %v", ok, err)
 	}
@@ -82,15 +104,17 @@ func TestFloodAtARequestLimit(t *testing.T) {
 // under prefix.
 func nearReplicas(t *testing.T, srv *redistest.Server, prefix string) []backendtest.Decider {
 	t.Helper()
-	return replicasAt(t, srv, prefix, 5*time.Millisecond)
+	return replicasAt(t, srv, Options{KeyPrefix: prefix}, 5*time.Millisecond)
 }
 
-// replicasAt is three replicas each of whose calls takes delay more.
-func replicasAt(t *testing.T, srv *redistest.Server, prefix string, delay time.Duration) []backendtest.Decider {
+// replicasAt is three replicas of opts, with leases, each of whose
+// calls takes delay more.
+func replicasAt(t *testing.T, srv *redistest.Server, opts Options, delay time.Duration) []backendtest.Decider {
 	t.Helper()
+	opts.LeaseHorizon, opts.Call = 30*time.Second, farCall(delay)
 	var ds []backendtest.Decider
 	for range 3 {
-		ds = append(ds, newBackend(t, newClient(t, srv), Options{KeyPrefix: prefix, LeaseHorizon: 30 * time.Second, Call: farCall(delay)}))
+		ds = append(ds, newBackend(t, newClient(t, srv), opts))
 	}
 	return ds
 }
