@@ -46,6 +46,10 @@ func TestBounds(t *testing.T) {
 		{"Havana skips midnight", "America/Havana", Day, "2023-03-12 12:00:00", "2023-03-12 05:00:00", "2023-03-13 04:00:00", 23 * hour},
 		{"Santiago skips midnight", "America/Santiago", Day, "2023-09-03 12:00:00", "2023-09-03 04:00:00", "2023-09-04 03:00:00", 23 * hour},
 		{"Santiago repeats the hour before midnight", "America/Santiago", Day, "2023-04-01 12:00:00", "2023-04-01 03:00:00", "2023-04-02 04:00:00", 25 * hour},
+		// Cuba ends summer time at 01:00, back to 00:00: the 5th's midnight
+		// comes twice, and the day starts at the first of them.
+		{"Havana repeats midnight", "America/Havana", Day, "2023-11-05 12:00:00", "2023-11-05 04:00:00", "2023-11-06 05:00:00", 25 * hour},
+		{"Havana the day before a repeated midnight", "America/Havana", Day, "2023-11-04 12:00:00", "2023-11-04 04:00:00", "2023-11-05 04:00:00", day},
 		{"Kathmandu +05:45", "Asia/Kathmandu", Day, "2026-01-01 00:00:00", "2025-12-31 18:15:00", "2026-01-01 18:15:00", day},
 		{"Apia skipped 2011-12-30: the 29th is followed by the 31st", "Pacific/Apia", Day, "2011-12-29 23:59:59", "2011-12-29 10:00:00", "2011-12-30 10:00:00", day},
 		{"ISO week starts Monday", "UTC", Week, "2026-12-06 23:59:59", "2026-11-30 00:00:00", "2026-12-07 00:00:00", 7 * day},
