@@ -179,15 +179,14 @@ func (r ChargeResult) Counted(t testing.TB, consumed int64, load ChargeLoad) {
 // replicas of one region, each deciding under g: a global limit's
 // charges land in the region's part of it, so the region's part (its
 // burst, rate and debt floor as g scales them) must hold the bound with
-// debt (HoldsTheBound). It returns the part beside the result. The
-// tenant is region-tenant/chat.
-func RegionalChargeStorm(t *testing.T, ds []Decider, g backend.Global, l bucket.Limit, load ChargeLoad) (ChargeResult, bucket.Limit) {
+// debt (HoldsTheBound). The tenant is region-tenant/chat.
+func RegionalChargeStorm(t *testing.T, ds []Decider, g backend.Global, l bucket.Limit, load ChargeLoad) ChargeResult {
 	t.Helper()
 	part := g.Apply(true, backend.Resolved{Limits: []bucket.Limit{l}}).Limits[0]
 	t.Logf("the region's part of %d/%d ms: %d/%d ms, burst %d, debt %d (millitokens)", l.Amount, l.Period, part.Amount, part.Period, part.Burst, part.Debt)
 	r := ChargeStorm(ds, backend.Request{Entity: "region-tenant", Resource: "chat", Defaults: []bucket.Limit{l}, Global: true}, load)
 	r.HoldsTheBound(t, part, load)
-	return r, part
+	return r
 }
 
 // ChargeSpanAfterIdle holds the bound with debt over a span that starts

@@ -66,7 +66,7 @@ func TestChargesHoldTheBoundInARegion(t *testing.T) {
 	l := lim(t, "tpm", "4000/s", 4000)
 	l.Debt = 12000 * bucket.Milli
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
-	r, _ := backendtest.RegionalChargeStorm(t, ds, g, l, load)
+	r := backendtest.RegionalChargeStorm(t, ds, g, l, load)
 	bk, ok, err := e.admin(t, "region-storm").GetBucket(t.Context(), "region-tenant", "chat")
 	if err != nil || !ok {
 		t.Fatalf("reading the bucket: found %v, %v", ok, err)

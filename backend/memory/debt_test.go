@@ -40,12 +40,13 @@ func TestChargesHoldTheBound(t *testing.T) {
 // (backendtest.RegionalChargeStorm): the bound with debt holds on the
 // region's part.
 func TestChargesHoldTheBoundInARegion(t *testing.T) {
-	b := New(Options{SweepInterval: -1, Global: euWestQuarter(t)})
+	g := euWestQuarter(t)
+	b := New(Options{SweepInterval: -1, Global: g})
 	t.Cleanup(func() { b.Close() })
 	l := limit(t, "tpm=4000/s:4000")
 	l.Debt = 8000 * bucket.Milli
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
-	r, _ := backendtest.RegionalChargeStorm(t, []backendtest.Decider{b}, euWestQuarter(t), l, load)
+	r := backendtest.RegionalChargeStorm(t, []backendtest.Decider{b}, g, l, load)
 	snap, ok := b.Snapshot("region-tenant", "chat")
 	if !ok {
 		t.Fatal("the tenant's bucket is gone")

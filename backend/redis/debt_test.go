@@ -67,7 +67,7 @@ func TestChargesHoldTheBoundInARegion(t *testing.T) {
 	ds := replicasAt(t, srv, Options{KeyPrefix: "region-storm", Global: g}, backendtest.ChargeDelay(t))
 	l := bucket.Limit{Name: "tpm", Amount: 4000 * bucket.Milli, Period: bucket.Second, Burst: 4000 * bucket.Milli, Debt: 12000 * bucket.Milli}
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
-	r, _ := backendtest.RegionalChargeStorm(t, ds, g, l, load)
+	r := backendtest.RegionalChargeStorm(t, ds, g, l, load)
 	bk, ok, err := newAdmin(t, client, "region-storm", nil).GetBucket(t.Context(), "region-tenant", "chat")
 	if err != nil || !ok {
 		t.Fatalf("reading the bucket: found %v, %v", ok, err)
