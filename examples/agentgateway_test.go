@@ -3,7 +3,6 @@ package examples
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -98,18 +97,8 @@ type agentgatewayStack struct {
 }
 
 func newAgentgatewayStack(t *testing.T) *agentgatewayStack {
-	raw, err := os.ReadFile(filepath.Join("ai-gateways", "agentgateway.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := yamlToJSON(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var c agentgatewayConfig
-	if err := strictJSON(js, &c); err != nil {
-		t.Fatalf("agentgateway.yaml: %v", err)
-	}
+	decodeAIExample(t, "agentgateway.yaml", &c)
 	if len(c.Binds) != 1 || len(c.Binds[0].Listeners) != 1 || len(c.Binds[0].Listeners[0].Routes) != 1 {
 		t.Fatalf("agentgateway.yaml: want one bind, listener and route: %+v", c)
 	}
@@ -257,23 +246,6 @@ func TestAgentgatewayExample(t *testing.T) {
 	expect("small 3 s later", "small", 10, true, "")
 	expect("small again", "small", 10, false, "rpm")
 
-	doc, err := os.ReadFile(filepath.Join("..", "docs", "ai-gateways.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range []struct{ file, start string }{
-		{"agentgateway.yaml", "binds:"},
-		{filepath.Join("rules", "agentgateway.yaml"), "domain:"},
-	} {
-		raw, err := os.ReadFile(filepath.Join("ai-gateways", f.file))
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The manual's copy starts at the first key: the file's header
-		// comment is the file's own.
-		body := string(raw[strings.Index(string(raw), f.start):])
-		if !strings.Contains(string(doc), "```yaml\n"+body+"```") {
-			t.Errorf("docs/ai-gateways.md does not show examples/ai-gateways/%s as it is", filepath.ToSlash(f.file))
-		}
-	}
+	manualShows(t, "agentgateway.yaml", "binds:")
+	manualShows(t, "rules/agentgateway.yaml", "domain:")
 }

@@ -18,18 +18,8 @@ import (
 // take a token as it arrives) and Envoy AI Gateway's token count when the
 // response ends. The manual shows the file as it is.
 func TestAIGatewayTokenPolicy(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("ai-gateways", "token-policy.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := yamlToJSON(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var p egv1a1.BackendTrafficPolicy
-	if err := strictJSON(js, &p); err != nil {
-		t.Fatalf("token-policy.yaml: %v", err)
-	}
+	decodeAIExample(t, "token-policy.yaml", &p)
 	if p.Kind != "BackendTrafficPolicy" || p.Spec.RateLimit == nil || p.Spec.RateLimit.Global == nil {
 		t.Fatalf("token-policy.yaml is not a global rate limit: %+v", p)
 	}
@@ -50,16 +40,45 @@ func TestAIGatewayTokenPolicy(t *testing.T) {
 	if rules[1].Cost != nil {
 		t.Errorf("the request rule has a cost (%+v): each request should take one as it arrives", rules[1].Cost)
 	}
+	manualShows(t, "token-policy.yaml", "apiVersion:")
+}
 
+// decodeAIExample decodes examples/ai-gateways/name (YAML) strictly into
+// v, as the API server (or the gateway's config loader) would take it.
+func decodeAIExample(t *testing.T, name string, v any) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("ai-gateways", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := yamlToJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := strictJSON(js, v); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+}
+
+// manualShows fails t unless docs/ai-gateways.md shows
+// examples/ai-gateways/name as it is, from its line that begins with
+// start on: the file's header comment is the file's own.
+func manualShows(t *testing.T, name, start string) {
+	t.Helper()
 	doc, err := os.ReadFile(filepath.Join("..", "docs", "ai-gateways.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The manual's copy starts at apiVersion: the file's header comment
-	// is the file's own.
-	body := string(raw[strings.Index(string(raw), "apiVersion:"):])
-	if !strings.Contains(string(doc), "```yaml\n"+body+"```") {
-		t.Error("docs/ai-gateways.md does not show examples/ai-gateways/token-policy.yaml as it is")
+	raw, err := os.ReadFile(filepath.Join("ai-gateways", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(raw), start)
+	if i < 0 {
+		t.Fatalf("examples/ai-gateways/%s has no %q", name, start)
+	}
+	if !strings.Contains(string(doc), "```yaml\n"+string(raw[i:])+"```") {
+		t.Errorf("docs/ai-gateways.md does not show examples/ai-gateways/%s as it is", name)
 	}
 }
 
@@ -108,18 +127,8 @@ type quotaValue struct {
 // chosen by an Exact header, each over a duration AI Gateway's controller
 // turns into a rate-limit unit. The manual shows the file as it is.
 func TestAIGatewayQuotaPolicyExample(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("ai-gateways", "quota-policy.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := yamlToJSON(raw)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var p quotaPolicy
-	if err := strictJSON(js, &p); err != nil {
-		t.Fatalf("quota-policy.yaml: %v", err)
-	}
+	decodeAIExample(t, "quota-policy.yaml", &p)
 	if p.APIVersion != "aigateway.envoyproxy.io/v1alpha1" || p.Kind != "QuotaPolicy" {
 		t.Fatalf("quota-policy.yaml is a %s %s", p.APIVersion, p.Kind)
 	}
@@ -148,13 +157,5 @@ func TestAIGatewayQuotaPolicyExample(t *testing.T) {
 		r.ClientSelectors[0].Headers[0].Type == nil || *r.ClientSelectors[0].Headers[0].Type != egv1a1.HeaderMatchExact {
 		t.Errorf("tenant bucket selectors %+v: want one Exact header", r.ClientSelectors)
 	}
-
-	doc, err := os.ReadFile(filepath.Join("..", "docs", "ai-gateways.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := string(raw[strings.Index(string(raw), "apiVersion:"):])
-	if !strings.Contains(string(doc), "```yaml\n"+body+"```") {
-		t.Error("docs/ai-gateways.md does not show examples/ai-gateways/quota-policy.yaml as it is")
-	}
+	manualShows(t, "quota-policy.yaml", "apiVersion:")
 }
