@@ -148,6 +148,8 @@ func (s stage) String() string {
 type callTally struct {
 	admitted, denied, failed, late int64
 	slowest                        time.Duration
+	// firstErr is the first failed call's error, for the log.
+	firstErr error
 }
 
 // lateMargin is how far past its deadline a call may be answered, beyond
@@ -348,6 +350,9 @@ func TestTableSlowThenGoneThenBack(t *testing.T) {
 					switch {
 					case err != nil:
 						c.failed++
+						if c.firstErr == nil {
+							c.firstErr = err
+						}
 					case d.Allowed:
 						c.admitted++
 						admittedMilli[k] += d.Results[0].Cost
@@ -407,8 +412,9 @@ func TestTableSlowThenGoneThenBack(t *testing.T) {
 	}
 	hungFor := time.Since(backAt)
 	// A second for the replicas to find the table near again (the round
-	// trip's average comes down one write at a time) and fill their
-	// leases; then a second in which every key must decide as before.
+	// trip's average restarts at the first fast write, RoundTrip.Observe)
+	// and fill their leases; then a second in which every key must decide
+	// as before.
 	time.Sleep(time.Second)
 	current.Store(int32(stageSettled))
 	time.Sleep(time.Second)
@@ -433,8 +439,8 @@ func TestTableSlowThenGoneThenBack(t *testing.T) {
 		cut += int64(s.LeaseCut.Load())
 		outstanding += s.LeaseOutstanding.Load()
 		calls, errs := s.Calls()
-		t.Logf("replica: calls %v, errors %v; %d local answers, %d deadline denials; millitokens leased %d, returned %d, cut %d, dropped %d",
-			calls, errs, s.LocalAnswers.Load(), s.DeadlineDenials.Load(), s.Leased.Load(), s.Returned.Load(), s.LeaseCut.Load(), s.LeaseDropped.Load())
+		t.Logf("replica: calls %v, errors %v; %d local answers, %d deadline denials; millitokens leased %d, returned %d, cut %d, dropped %d; round trip %d ms",
+			calls, errs, s.LocalAnswers.Load(), s.DeadlineDenials.Load(), s.Leased.Load(), s.Returned.Load(), s.LeaseCut.Load(), s.LeaseDropped.Load(), b.rtt.Ms())
 	}
 	// What the replicas started ends with Close, but for their config
 	// caches' janitors, which golang-lru's expirable LRU cannot stop (they
@@ -451,8 +457,8 @@ func TestTableSlowThenGoneThenBack(t *testing.T) {
 	for s := range stages {
 		for k := range nKeys {
 			c := tally[s][k]
-			t.Logf("%-7s %-4s admitted %5d, denied %6d, failed %5d, late %d; slowest %v",
-				stage(s), keys[k].Entity, c.admitted, c.denied, c.failed, c.late, c.slowest.Round(time.Millisecond))
+			t.Logf("%-7s %-4s admitted %5d, denied %6d, failed %5d, late %d; slowest %v; first error %v",
+				stage(s), keys[k].Entity, c.admitted, c.denied, c.failed, c.late, c.slowest.Round(time.Millisecond), c.firstErr)
 		}
 	}
 	t.Logf("after the table came back, the last call not decided as before: hot %v, deep %v, late %v",
