@@ -15,19 +15,16 @@ type RoundTrip struct{ us atomic.Int64 }
 // whose time says nothing of the distance (those that failed for any
 // reason but a lost race).
 //
-// A write under a quarter of the average restarts it from that write, as
-// the first write starts it: the store is near again, after a slow spell
-// or a stall that put a slow write in. Coming down an eighth per write,
-// the average of a table that answered in 2 s would need some thirty
-// writes to reach one that answers in 10 ms, and meanwhile the replica,
-// finding every call beyond reach (a round trip longer than the time to
-// its deadline), makes few writes to learn from (in a test of exactly
-// that, one replica's average was still 336 ms at the end of the run,
-// seconds after the table came back, and it failed half its calls on
-// the key at its limit). An
-// average that rises an eighth per write and drops at once errs towards
-// waiting for the store: a call that waits for a write that cannot come
-// back in time is answered at its deadline, by the same policy.
+// The average moves an eighth of the way per write, but a write under a
+// quarter of it restarts it from that write, as the first write does:
+// the store is near again after a slow spell or one stalled write.
+// Coming down an eighth per write, a replica that saw 2 s answers would
+// need some thirty fast writes to believe the store near, and while it
+// finds every call beyond reach it makes few writes to learn from
+// (TestTableSlowThenGoneThenBack caught one replica still at 336 ms
+// seconds after the table came back). Dropping at once errs towards
+// waiting for the store, which is safe: a call that waits for a write
+// that cannot come back in time is still answered at its deadline.
 func (r *RoundTrip) Observe(d time.Duration) {
 	sample := max(d.Microseconds(), 1)
 	for {
