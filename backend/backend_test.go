@@ -38,7 +38,16 @@ func TestBucketTTLBySource(t *testing.T) {
 		{"negative multiplier turns TTLs off", Resolved{Limits: both, Level: LevelResource, Synced: false}, -1, 0, false},
 		{"a never-refilling burst is kept", Resolved{Limits: []bucket.Limit{fast, frozen}, Level: LevelResource, Synced: false}, 7, 0, false},
 		{"a month budget beside rates", Resolved{Limits: []bucket.Limit{fast, month}, Level: LevelResource, Synced: false}, 7, 7 * (31*bucket.Day + bucket.Hour), true},
-		{"a month budget at multiplier 1", Resolved{Limits: []bucket.Limit{month}, Level: LevelResource, Synced: false}, 1, 31*bucket.Day + bucket.Hour, true},
+		// A budget in debt is repaid at the next boundary and full at the
+		// one after: at multiplier 1 its bucket must outlive both.
+		{"a month budget at multiplier 1", Resolved{Limits: []bucket.Limit{month}, Level: LevelResource, Synced: false}, 1, 2 * (31*bucket.Day + bucket.Hour), true},
+		{"a month budget without debt at multiplier 1", Resolved{Limits: []bucket.Limit{noDebt(month)}, Level: LevelResource, Synced: false}, 1, 31*bucket.Day + bucket.Hour, true},
+		// Below 2, the multiplied time to fill is shorter than a refill
+		// from the floor (one burst below zero by default): the bucket
+		// would expire in debt and the next call would find it full.
+		{"multiplier 1 outlives the default debt", Resolved{Limits: both, Level: LevelResource, Synced: false}, 1, 2 * 120_000, true},
+		{"multiplier 1 without debt", Resolved{Limits: []bucket.Limit{noDebt(fast), noDebt(slow)}, Level: LevelResource, Synced: false}, 1, 120_000, true},
+		{"a debt of ten bursts outlasts multiplier 7", Resolved{Limits: []bucket.Limit{withDebt(slow, 10*slow.Burst)}, Level: LevelResource, Synced: false}, 7, 11 * 120_000, true},
 		{"no overflow", Resolved{Limits: []bucket.Limit{{Name: "x", Amount: 1, Period: bucket.MaxPeriod, Burst: bucket.MaxTokens * bucket.Milli}}, Level: LevelResource, Synced: false}, 7, math.MaxInt64, true},
 	}
 	for _, c := range cases {
@@ -48,6 +57,10 @@ func TestBucketTTLBySource(t *testing.T) {
 		}
 	}
 }
+
+func noDebt(l bucket.Limit) bucket.Limit { l.Debt = bucket.NoDebt; return l }
+
+func withDebt(l bucket.Limit, debt int64) bucket.Limit { l.Debt = debt; return l }
 
 // records answers from maps, or fails every call with err.
 type records struct {

@@ -19,6 +19,12 @@ const DefaultTTLMultiplier = 7
 //     resource default or the system default: the longest time to fill
 //     over the limits, times multiplier.
 //
+// A bucket never expires while its limits could still be in debt: the TTL
+// is at least the time to refill from the floor (bucket.TimeToRecover),
+// which only a multiplier under 2, or a debt of more than one burst,
+// makes longer than the multiplied time to fill. Expiring sooner would
+// forgive the debt, since the next call starts the bucket full.
+//
 // A multiplier <= 0 turns TTL management off (no bucket expires), and a
 // limit that never refills to a non-empty burst keeps its bucket, since
 // dropping it would hand out the burst again.
@@ -26,18 +32,19 @@ func BucketTTL(r Resolved, multiplier int64) (int64, bool) {
 	if multiplier <= 0 || (r.Level == LevelEntity && !r.Synced) {
 		return 0, false
 	}
-	longest := int64(0)
+	longest, deepest := int64(0), int64(0)
 	for _, l := range r.Limits {
 		fill := bucket.TimeToFill(l)
 		if fill == bucket.Never {
 			return 0, false
 		}
 		longest = max(longest, fill)
+		deepest = max(deepest, bucket.TimeToRecover(l))
 	}
 	if longest > math.MaxInt64/multiplier {
 		return math.MaxInt64, true
 	}
-	return longest * multiplier, true
+	return max(longest*multiplier, deepest), true
 }
 
 // TTLDuration turns BucketTTL's answer into a Duration for reporting: 0

@@ -259,6 +259,28 @@ func TimeToFill(l Limit) int64 {
 	return int64(q)
 }
 
+// TimeToRecover is how long (ms) l takes to refill to its burst from the
+// lowest a charge can take it (Floor), rounded up; Never when it never
+// refills. It is TimeToFill for a limit that takes no debt. A budget in
+// debt is full two boundaries on: the first repays the debt, the second
+// gives the budget whole.
+//
+// A bucket that expires before this forgives what its limits owe: the
+// next call finds it absent and starts it full. BucketTTL keeps every
+// bucket at least this long after its last write.
+func TimeToRecover(l Limit) int64 {
+	floor := Floor(l)
+	if floor == 0 {
+		return TimeToFill(l)
+	}
+	if l.IsBudget() {
+		return 2 * l.Calendar.Longest()
+	}
+	deep := l
+	deep.Burst -= floor
+	return TimeToFill(deep)
+}
+
 func ceilDiv(a, b int64) int64 {
 	if a <= 0 {
 		return 0

@@ -335,6 +335,27 @@ func TestExpiredBucketCountsAsAbsent(t *testing.T) {
 	}
 }
 
+// A bucket in debt outlives its debt, however short the TTL: at
+// multiplier 1 a limit that fills in a minute keeps its bucket two
+// minutes after a charge took it a burst below zero, so a tenant that
+// comes back after a minute and a half finds the debt still being
+// repaid, not a new bucket given in full.
+func TestBucketInDebtOutlivesItsDebt(t *testing.T) {
+	b, clk := newTestBackend(t, Options{TTLMultiplier: 1})
+	tpm := limit(t, "tpm=60/min")
+	charge := backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{tpm}, Hits: 120, Charge: true}
+	decide(t, b, charge)
+	s, _ := b.Snapshot("tenant", "chat")
+	if got := s.Expires - clk.now(); got != 2*bucket.Minute {
+		t.Fatalf("a bucket charged to its floor expires %d ms on, want %d (the time to refill from the floor)", got, 2*bucket.Minute)
+	}
+	clk.advance(90 * bucket.Second)
+	d := decide(t, b, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{tpm}, Hits: 0})
+	if left := d.Results[0].Tokens / bucket.Milli; left != 30 {
+		t.Fatalf("90 s after a charge to 60 below zero the limit holds %d tokens, want 30 (the debt forgiven if more)", left)
+	}
+}
+
 func TestMemoryBoundedUnderKeyFlood(t *testing.T) {
 	b, clk := newTestBackend(t, Options{MaxBuckets: 6400})
 	defaults := []bucket.Limit{limit(t, "x=1/hour:2")}
