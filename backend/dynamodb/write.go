@@ -196,6 +196,15 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 			e.addAttr(ot, num(dOut))
 		}
 		low := t.lowest(l, next)
+		if net <= 0 {
+			// It takes none of this limit's tokens (a report, a return,
+			// a renewal that grants none of it): it can leave the limit
+			// no lower than the item holds, so it needs no tokens there.
+			// Held to zero, every such write on a limit in debt lost
+			// its race, and a lease there was never renewed nor given
+			// back.
+			low = min(low, next.Tokens)
+		}
 		switch {
 		case !t.refund && refilled.Tokens >= bucket.Room(l, base) && !l.IsBudget():
 			e.setMinus(tk, num(l.Burst-net), ot)
