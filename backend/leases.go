@@ -139,6 +139,10 @@ type holding struct {
 	// was taken (0: it has not): the store may owe the room its spending
 	// made the refill that stood still since (bucket.Report.First).
 	first int64
+	// chargedAt is when (ms) a charge last came to this replica on the
+	// bucket (Charged; 0: none): its view is then kept fresh, since
+	// another replica's charges may put it in debt (viewStale).
+	chargedAt int64
 	// gone: Due forgot it (empty and unused for two horizons) after a
 	// caller found it in the map and before that caller locked it.
 	// Nothing is put into a gone holding: it would be stranded there.

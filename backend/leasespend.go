@@ -338,6 +338,7 @@ func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mod
 		for j, l := range bs[i].Res.Limits {
 			ok = ok && h.tokens[j] >= max(bucket.Cost(l, hits), 1) // a check too needs a token: at zero a limit denies it
 		}
+		ok = ok && !h.inDebt(bs[i].Res, bs[i].FP, now)
 		if !ok {
 			switch mode {
 			case arrivingCall:
@@ -394,12 +395,13 @@ func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mod
 		if h.busy {
 			continue
 		}
+		due := h.viewStale(b.FP, now, rtt, tau)
 		for j := range h.tokens {
-			if lease.Renew(h.tokens[j], h.granted[j], h.own[j].Arriving(now, tau, window), rtt) {
-				h.busy, h.renewing = true, true
-				renew = append(renew, LeaseBucket[K]{Key: b.Key, Res: b.Res, FP: b.FP})
-				break
-			}
+			due = due || lease.Renew(h.tokens[j], h.granted[j], h.own[j].Arriving(now, tau, window), rtt)
+		}
+		if due {
+			h.busy, h.renewing = true, true
+			renew = append(renew, LeaseBucket[K]{Key: b.Key, Res: b.Res, FP: b.FP})
 		}
 	}
 	return results, renew, true, false

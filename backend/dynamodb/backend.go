@@ -457,6 +457,9 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 	// A check (no hits) on a leased bucket is answered here too, so that
 	// its remaining count includes the lease like any other answer's.
 	leased := b.leases != nil && !req.Refund && !req.Bulk
+	if leased && req.Charge {
+		b.leases.Charged(leasedAll(ts), began)
+	}
 	if leased {
 		if d, ok := b.spend(ts, req, level, true); ok {
 			return d, nil

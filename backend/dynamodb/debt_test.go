@@ -153,3 +153,11 @@ func replicasAt(t *testing.T, e *env, opts Options, delay time.Duration) []backe
 	}
 	return ds
 }
+
+// A tenant charged into debt on one replica is denied on the others
+// (backendtest.DebtSeenByEveryReplica): three replicas 5 ms from the
+// table, each holding a lease.
+func TestDebtSeenByEveryReplica(t *testing.T) {
+	e := newEnv(t)
+	backendtest.DebtSeenByEveryReplica(t, nearReplicas(t, e, "spread"), 3*time.Second, e.admin(t, "spread").GetBucket)
+}

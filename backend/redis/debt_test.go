@@ -118,3 +118,11 @@ func replicasAt(t *testing.T, srv *redistest.Server, opts Options, delay time.Du
 	}
 	return ds
 }
+
+// A tenant charged into debt on one replica is denied on the others
+// (backendtest.DebtSeenByEveryReplica): three replicas 5 ms from Redis,
+// each holding a lease.
+func TestDebtSeenByEveryReplica(t *testing.T) {
+	srv := redistest.Require(t)
+	backendtest.DebtSeenByEveryReplica(t, nearReplicas(t, srv, "spread"), 3*time.Second, newAdmin(t, newClient(t, srv), "spread", nil).GetBucket)
+}

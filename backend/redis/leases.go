@@ -76,6 +76,9 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 	// it lands even after Envoy, which ignores the answer, has given up.
 	charge := req.Charge && !req.Refund
 	paying := !req.Refund && req.Hits > 0 && !charge
+	if charge {
+		b.leases.Charged(lbs, now)
+	}
 	if !req.Refund {
 		if results, renew, paid := b.leases.Spend(lbs, req.Hits, now, rtt, true); paid {
 			b.renew(renew)
