@@ -75,3 +75,27 @@ func (s *Service) decideCharge(ctx, backendCtx context.Context, req *backend.Req
 		return backend.Decision{}, backendCtx.Err()
 	}
 }
+
+// Settle waits until the charges still being written past their
+// callers' deadlines have landed, or ctx ends. A server calls it on
+// shutdown, after its last call has been answered and before it closes
+// the backend: Envoy ignores the answer to a charge, so one cut off
+// mid-write is lost without anyone knowing. Settle leaves the Service as
+// it found it.
+func (s *Service) Settle(ctx context.Context) error {
+	held := 0
+	defer func() {
+		for range held {
+			<-s.charging
+		}
+	}()
+	for held < cap(s.charging) {
+		select {
+		case s.charging <- struct{}{}:
+			held++
+		case <-ctx.Done():
+			return fmt.Errorf("%d charges still being written: %w", cap(s.charging)-held, ctx.Err())
+		}
+	}
+	return nil
+}

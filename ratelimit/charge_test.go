@@ -2,6 +2,8 @@ package ratelimit_test
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,5 +133,59 @@ func TestChargeOutlivesEnvoysDeadline(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("5 s after a charge of 1,500 on a limit of 1,000, a check is still %v", st)
 		}
+	}
+}
+
+// landing counts the charges its backend has finished writing.
+type landing struct {
+	backend.Backend
+	landed *atomic.Int32
+}
+
+func (l landing) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
+	d, err := l.Backend.Decide(ctx, req)
+	if req.Charge && err == nil {
+		l.landed.Add(1)
+	}
+	return d, err
+}
+
+// On shutdown a charge that Envoy has stopped waiting for is still
+// written before the backend closes: Settle waits for it, and says how
+// many were still on their way when it cannot wait longer.
+func TestSettleWaitsForChargesInFlight(t *testing.T) {
+	be := memory.New(memory.Options{SweepInterval: -1})
+	t.Cleanup(func() { be.Close() })
+	var landed atomic.Int32
+	svc := ratelimit.New(rules(t, chargeRules), slowBackend{landing{be, &landed}, 500 * time.Millisecond}, ratelimit.Options{})
+	c := serve(t, svc)
+	charge := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlv3.RateLimitDescriptor{withHits(tenant(), 1500)}})
+	}
+
+	charge()
+	if n := landed.Load(); n != 0 {
+		t.Fatalf("%d charges landed by their caller's deadline, before the store's 500 ms: the test shows nothing", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	err := svc.Settle(ctx)
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "1 charges still being written") {
+		t.Errorf("Settle cut short with a charge on its way: %v, want it counted", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := svc.Settle(ctx); err != nil {
+		t.Fatalf("Settle: %v", err)
+	}
+	if n := landed.Load(); n != 1 {
+		t.Fatalf("after Settle, %d charges landed, want 1", n)
+	}
+	// The Service is as it was: another charge goes on past its caller.
+	charge()
+	if err := svc.Settle(ctx); err != nil || landed.Load() != 2 {
+		t.Fatalf("a second charge and Settle: %v, %d landed, want 2", err, landed.Load())
 	}
 }

@@ -538,6 +538,13 @@ func (s *server) shutdown() {
 		s.log.Warn("in-flight calls did not finish in time; closing")
 		s.grpc.Stop()
 	}
+	// Charges go on being written after Envoy has its answer; closing
+	// the backend under them would lose them.
+	settle, cancelSettle := context.WithTimeout(context.Background(), ratelimit.ChargeTimeout)
+	if err := s.service.Settle(settle); err != nil {
+		s.log.Warn("charges cut off by shutdown", slog.Any("error", err))
+	}
+	cancelSettle()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	s.httpSrv.Shutdown(ctx)
