@@ -46,6 +46,11 @@ func TestChargesHoldTheBound(t *testing.T) {
 	load := backendtest.ChargeLoad{Clients: 20, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
 	r := backendtest.ChargeStorm(ds, backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}}, load)
 	r.HoldsTheBound(t, l, load)
+	var writes uint64
+	for _, d := range ds {
+		writes += writeCalls(d.(*Backend))
+	}
+	t.Logf("%d store writes, %.2f per admitted request", writes, float64(writes)/float64(max(r.Admitted, 1)))
 	bk, ok, err := e.admin(t, "storm").GetBucket(t.Context(), "tenant", "chat")
 	if err != nil || !ok {
 		t.Fatalf("reading the bucket: found %v, %v", ok, err)
