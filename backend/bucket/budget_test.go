@@ -318,3 +318,41 @@ func TestLeaseEndBeforeTheBoundary(t *testing.T) {
 		t.Fatal("a report on an old period's lease was taken")
 	}
 }
+
+// A budget set on February 29th is a calendar budget like any other: a
+// month budget's first period is the rest of that day, in full, and it
+// resets on March 1st (not on the 29th of each month); a charge that
+// overshoots on the 29th is carried into March; a year budget set then
+// resets on January 1st.
+func TestBudgetSetOnFebruary29th(t *testing.T) {
+	month := budget(t, "tokens=1000:period=month:zone=Europe/Berlin")
+	year := budget(t, "tokens=1000:period=year:zone=Europe/Berlin")
+	res := make([]Result, 1)
+	leap := berlinMs(t, "2028-02-29 12:00:00")
+
+	st := []State{Full(month, leap)}
+	if !Decide([]Limit{month}, st, 600, leap, res) || st[0].Tokens != 400*Milli {
+		t.Fatalf("600 of a month's 1000 on February 29th: %v, %d left", res[0].Allowed, st[0].Tokens)
+	}
+	if res[0].Wait != 12*Hour {
+		t.Fatalf("on February 29th at noon the month resets in %d ms, want 12 h", res[0].Wait)
+	}
+	Charge([]Limit{month}, st, 700, leap+Hour, res) // the response used 700: 300 below zero
+	if st[0].Tokens != -300*Milli {
+		t.Fatalf("a charge of 700 with 400 left leaves %d, want -300 tokens", st[0].Tokens)
+	}
+	mar := berlinMs(t, "2028-03-01 00:00:00")
+	if Decide([]Limit{month}, st, 701, mar, res) || !Decide([]Limit{month}, st, 700, mar, res) {
+		t.Fatalf("March 1st after 300 of debt: 700 must pass and 701 not, %d left", st[0].Tokens)
+	}
+	// March 2028 loses an hour on the 26th.
+	if want := berlinMs(t, "2028-04-01 00:00:00") - mar; res[0].Wait != want || want != 31*Day-Hour {
+		t.Fatalf("March waits %d ms, want %d (31 days less an hour)", res[0].Wait, want)
+	}
+
+	st = []State{Full(year, leap)}
+	Decide([]Limit{year}, st, 1, leap, res)
+	if want := berlinMs(t, "2029-01-01 00:00:00") - leap; res[0].Wait != want {
+		t.Fatalf("a year budget set on February 29th resets in %d ms, want %d (January 1st)", res[0].Wait, want)
+	}
+}
