@@ -113,3 +113,48 @@ func ChargesLandInDebt(t *testing.T, d Decider, stored func(ctx context.Context,
 		t.Errorf("the stored bucket breaks invariants: %v", v)
 	}
 }
+
+// ChargesOnAWarmLease holds a charge on a warm lease to what an admission
+// costs the store: on a tenant's bucket of 10,000 tokens a second, 200
+// admissions of 20 hits on one replica, then 200 check-then-charge pairs
+// of 20 tokens on another tenant and a second replica, each after 20
+// warm-up admissions, 2 ms apart, must make as many store writes, give or
+// take two (a renewal that falls either side of the run's end). replica
+// returns a new replica with leases on; writes reads how many store
+// writes it has made.
+func ChargesOnAWarmLease(t *testing.T, replica func() Decider, writes func(Decider) uint64) {
+	t.Helper()
+	l := bucket.Limit{Name: "tpm", Amount: 10_000 * bucket.Milli, Period: bucket.Second, Burst: 10_000 * bucket.Milli}
+	decide := func(d Decider, r backend.Request) {
+		t.Helper()
+		if _, err := d.Decide(context.Background(), &r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(entity string, charge bool) uint64 {
+		d := replica()
+		req := backend.Request{Entity: entity, Resource: "chat", Defaults: []bucket.Limit{l}, Hits: 20}
+		for range 20 {
+			decide(d, req)
+			time.Sleep(2 * time.Millisecond)
+		}
+		before := writes(d)
+		for range 200 {
+			if charge {
+				check, used := req, req
+				check.Hits, used.Charge = 0, true
+				decide(d, check)
+				decide(d, used)
+			} else {
+				decide(d, req)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		return writes(d) - before
+	}
+	admissions, charges := run("admits", false), run("charges", true)
+	t.Logf("store writes for 200 requests on a warm lease: %d admitting, %d checking then charging", admissions, charges)
+	if charges > admissions+2 {
+		t.Errorf("charges on a warm lease made %d store writes where admissions made %d", charges, admissions)
+	}
+}

@@ -97,39 +97,14 @@ func TestResetBucket(t *testing.T) {
 }
 
 // A charge on a warm lease costs no more writes than an admission: one
-// replica, leases on, a tenant's bucket of 10,000 tokens a second; a
-// request's tokens charged after it (20 tokens) are paid from the lease
-// as the request itself would be. Side by side, 200 admissions of 20
-// hits and 200 check-then-charge pairs, on two tenants.
+// replica, leases on; a request's tokens charged after it are paid from
+// the lease as the request itself would be (backendtest.ChargesOnAWarmLease).
 func TestChargeOnAWarmLeaseCostsWhatAnAdmissionDoes(t *testing.T) {
 	e := newEnv(t)
 	now := func() int64 { return time.Now().UnixMilli() }
-	l := lim(t, "tpm", "10000/s", 10000)
-	run := func(entity string, charge bool) uint64 {
-		b := e.replica(t, Options{Now: now, KeyPrefix: "cost"})
-		warm := backend.Request{Entity: entity, Resource: "chat", Defaults: []bucket.Limit{l}, Hits: 20}
-		for range 20 {
-			mustDecide(t, b, warm)
-			time.Sleep(2 * time.Millisecond)
-		}
-		before := writeCalls(b)
-		for range 200 {
-			if charge {
-				mustDecide(t, b, backend.Request{Entity: entity, Resource: "chat", Defaults: []bucket.Limit{l}, Hits: 0})
-				mustDecide(t, b, backend.Request{Entity: entity, Resource: "chat", Defaults: []bucket.Limit{l}, Hits: 20, Charge: true})
-			} else {
-				mustDecide(t, b, warm)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
-		return writeCalls(b) - before
-	}
-	admissions, charges := run("admits", false), run("charges", true)
-	t.Logf("store writes for 200 requests on a warm lease: %d admitting, %d checking then charging", admissions, charges)
-	// Renewals follow demand over time: a margin for when they fall.
-	if charges > admissions*3/2+3 {
-		t.Errorf("charges on a warm lease wrote %d times where admissions wrote %d", charges, admissions)
-	}
+	backendtest.ChargesOnAWarmLease(t,
+		func() backendtest.Decider { return e.replica(t, Options{Now: now, KeyPrefix: "cost"}) },
+		func(d backendtest.Decider) uint64 { return writeCalls(d.(*Backend)) })
 }
 
 // A flood of plain requests at three times a request limit is admitted

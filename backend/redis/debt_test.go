@@ -126,3 +126,14 @@ func TestDebtSeenByEveryReplica(t *testing.T) {
 	srv := redistest.Require(t)
 	backendtest.DebtSeenByEveryReplica(t, nearReplicas(t, srv, "spread"), 3*time.Second, newAdmin(t, newClient(t, srv), "spread", nil).GetBucket)
 }
+
+// A charge on a warm lease costs no more script runs than an admission
+// (backendtest.ChargesOnAWarmLease): one replica 5 ms from Redis, leases on.
+func TestChargeOnAWarmLeaseCostsWhatAnAdmissionDoes(t *testing.T) {
+	srv := redistest.Require(t)
+	backendtest.ChargesOnAWarmLease(t,
+		func() backendtest.Decider {
+			return newBackend(t, newClient(t, srv), Options{KeyPrefix: "cost", LeaseHorizon: 30 * time.Second, Call: farCall(5 * time.Millisecond)})
+		},
+		func(d backendtest.Decider) uint64 { return d.(*Backend).Stats().Scripts.Load() })
+}
