@@ -30,18 +30,24 @@ descriptors:
 // gateway sends it at request time (check), a charge its own hits_addend
 // after the response, less what the check took (taken). The storm's
 // decision is the answer's overall code.
+// With charger set, the charges go to that replica instead, as Envoy's
+// load balancing may send a request's two calls to two replicas.
 type gatewayCalls struct {
-	c     rlsv3.RateLimitServiceClient
-	check func() *rlv3.RateLimitDescriptor
-	taken uint64
+	c       rlsv3.RateLimitServiceClient
+	check   func() *rlv3.RateLimitDescriptor
+	taken   uint64
+	charger rlsv3.RateLimitServiceClient
 }
 
 func (g gatewayCalls) Decide(ctx context.Context, req *backend.Request) (backend.Decision, error) {
-	d := g.check()
+	d, c := g.check(), g.c
 	if req.Charge {
 		d = withHits(tenant(), req.Hits-g.taken)
+		if g.charger != nil {
+			c = g.charger
+		}
 	}
-	resp, err := g.c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlv3.RateLimitDescriptor{d}})
+	resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: []*rlv3.RateLimitDescriptor{d}})
 	if err != nil {
 		return backend.Decision{}, err
 	}
@@ -62,22 +68,14 @@ func (g gatewayCalls) Decide(ctx context.Context, req *backend.Request) (backend
 // bucket counts every charge. Envoy AI Gateway's request-time call has
 // no hits and takes one token, so its charge is 99.
 func TestGatewayChargeStorms(t *testing.T) {
-	for _, g := range []struct {
-		name  string
-		check func() *rlv3.RateLimitDescriptor
-		taken uint64
-	}{
-		{"Envoy Gateway cost.request 0, cost.response", func() *rlv3.RateLimitDescriptor { return withHits(tenant(), 0) }, 0},
-		{"Envoy AI Gateway QuotaPolicy", tenant, 1},
-		{"agentgateway", func() *rlv3.RateLimitDescriptor { return withHits(tenant(), 0) }, 0},
-	} {
+	for _, g := range gatewayPatterns() {
 		t.Run(g.name, func(t *testing.T) {
 			t.Parallel()
 			be := memory.New(memory.Options{SweepInterval: -1})
 			t.Cleanup(func() { be.Close() })
 			c := serve(t, ratelimit.New(rules(t, stormRules), be, ratelimit.Options{}))
 			load := backendtest.ChargeLoad{Clients: 10, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 3 * time.Second}
-			r := backendtest.ChargeStorm([]backendtest.Decider{gatewayCalls{c, g.check, g.taken}}, backend.Request{}, load)
+			r := backendtest.ChargeStorm([]backendtest.Decider{gatewayCalls{c: c, check: g.check, taken: g.taken}}, backend.Request{}, load)
 			l := bucket.Limit{Name: "tpm", Amount: 1000 * bucket.Milli, Period: bucket.Second, Burst: 1000 * bucket.Milli}
 			r.HoldsTheBound(t, l, load)
 			snap, ok := be.Snapshot("t1", "llm/tenant")
@@ -86,5 +84,25 @@ func TestGatewayChargeStorms(t *testing.T) {
 			}
 			r.Counted(t, snap.States[0].Consumed, load)
 		})
+	}
+}
+
+// gatewayPattern is what a gateway sends at request time (check) and how
+// much of the request's tokens that took (taken).
+type gatewayPattern struct {
+	name  string
+	check func() *rlv3.RateLimitDescriptor
+	taken uint64
+}
+
+// gatewayPatterns are the three gateways' calls: Envoy Gateway's cost
+// rules and agentgateway check with the descriptor's own zero; Envoy AI
+// Gateway's QuotaPolicy sends no hits, so one.
+func gatewayPatterns() []gatewayPattern {
+	zero := func() *rlv3.RateLimitDescriptor { return withHits(tenant(), 0) }
+	return []gatewayPattern{
+		{"Envoy Gateway cost.request 0, cost.response", zero, 0},
+		{"Envoy AI Gateway QuotaPolicy", tenant, 1},
+		{"agentgateway", zero, 0},
 	}
 }

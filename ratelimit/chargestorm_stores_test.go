@@ -1,0 +1,150 @@
+package ratelimit_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/rueidis"
+
+	"github.com/sluice-rl/sluice/backend"
+	"github.com/sluice-rl/sluice/backend/backendtest"
+	"github.com/sluice-rl/sluice/backend/bucket"
+	ddb "github.com/sluice-rl/sluice/backend/dynamodb"
+	"github.com/sluice-rl/sluice/backend/dynamodb/dynamodbtest"
+	rds "github.com/sluice-rl/sluice/backend/redis"
+	"github.com/sluice-rl/sluice/backend/redis/redistest"
+	"github.com/sluice-rl/sluice/ratelimit"
+)
+
+// storeFleet is three Sluice replicas on one store, each served over
+// gRPC, and a reader of the bucket as the store keeps it.
+type storeFleet struct {
+	clients []rlsv3.RateLimitServiceClient
+	stored  func(ctx context.Context, entity, resource string) (backend.Bucket, bool, error)
+}
+
+// The gateways' storms of TestGatewayChargeStorms on the stores: three
+// replicas with leases, 5 ms from DynamoDB Local, or on one redis-server
+// with every call 5 ms longer, each client on one replica for its checks
+// and its charges alike, as Envoy behind a ClusterIP Service sends a
+// request's two calls over one connection. The tokens admitted requests
+// used stay within [0.8, 1] of B + R*T with the K*N of requests in
+// flight, and the store counts every charge.
+//
+// With SLUICE_CROSS_REPLICA_CHARGES=1 each client's charges go to the
+// replica after its checks' instead, as per-request load balancing over
+// the replicas may send them. That is a known gap, not held: on
+// DynamoDB the replica that admits Envoy AI Gateway's one-token checks
+// from its lease does not see the other's charges until its lease runs
+// low, and the storm used 1.5 to 2.9 of B + R*T where 1.25 is allowed
+// (docs/ai-gateways.md, "What a deploy costs").
+func TestGatewayChargeStormsOnTheStores(t *testing.T) {
+	if testing.Short() {
+		t.Skip("18 s of storms on DynamoDB Local and redis-server")
+	}
+	shift := 0
+	if os.Getenv("SLUICE_CROSS_REPLICA_CHARGES") == "1" {
+		shift = 1
+	}
+	for _, store := range []struct {
+		name  string
+		fleet func(t *testing.T, prefix string) storeFleet
+	}{
+		{"DynamoDB", dynamoFleet},
+		{"Redis", redisFleet},
+	} {
+		t.Run(store.name, func(t *testing.T) {
+			for i, g := range gatewayPatterns() {
+				t.Run(g.name, func(t *testing.T) {
+					f := store.fleet(t, "storm"+string(rune('a'+i)))
+					var ds []backendtest.Decider
+					for k, c := range f.clients {
+						ds = append(ds, gatewayCalls{c: c, check: g.check, taken: g.taken, charger: f.clients[(k+shift)%len(f.clients)]})
+					}
+					load := backendtest.ChargeLoad{Clients: 10, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 3 * time.Second}
+					r := backendtest.ChargeStorm(ds, backend.Request{}, load)
+					l := bucket.Limit{Name: "tpm", Amount: 1000 * bucket.Milli, Period: bucket.Second, Burst: 1000 * bucket.Milli}
+					r.HoldsTheBound(t, l, load)
+					bk, ok, err := f.stored(context.Background(), "t1", "llm/tenant")
+					if err != nil || !ok {
+						t.Fatalf("reading the tenant's bucket (entity t1, resource llm/tenant): found %v, %v", ok, err)
+					}
+					r.Counted(t, bk.States[0].Consumed, load)
+				})
+			}
+		})
+	}
+}
+
+// dynamoFleet is three replicas on a new table of the package's DynamoDB
+// Local, 5 ms away behind a delay proxy.
+func dynamoFleet(t *testing.T, prefix string) storeFleet {
+	srv := dynamodbtest.Require(t)
+	table := srv.NewTable(t, func(ctx context.Context, c *dynamodb.Client, name string) error {
+		_, err := ddb.CreateTable(ctx, c, name)
+		return err
+	})
+	proxy, err := dynamodbtest.NewProxy(strings.TrimPrefix(srv.Endpoint(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	proxy.SetDelay(5 * time.Millisecond)
+	var f storeFleet
+	for range 3 {
+		be, err := ddb.New(srv.ClientAt(proxy.Endpoint()), ddb.Options{Table: table, KeyPrefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { be.Close() })
+		f.clients = append(f.clients, serve(t, ratelimit.New(rules(t, stormRules), be, ratelimit.Options{})))
+	}
+	admin, err := ddb.NewAdmin(srv.Client(context.Background()), table, prefix, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.stored = admin.GetBucket
+	return f
+}
+
+// redisFleet is three replicas on the package's redis-server, each
+// round trip 5 ms longer.
+func redisFleet(t *testing.T, prefix string) storeFleet {
+	srv := redistest.Require(t)
+	dial := func() rueidis.Client {
+		c, err := rds.Dial(context.Background(), rds.Conn{URL: srv.URL()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	far := func(ctx context.Context, _ string, fn func(context.Context) error) error {
+		select {
+		case <-time.After(5 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return fn(ctx)
+	}
+	var f storeFleet
+	for range 3 {
+		be, err := rds.New(dial(), rds.Options{KeyPrefix: prefix, LeaseHorizon: 30 * time.Second, Call: far})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { be.Close() })
+		f.clients = append(f.clients, serve(t, ratelimit.New(rules(t, stormRules), be, ratelimit.Options{})))
+	}
+	admin, err := rds.NewAdmin(dial(), prefix, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.stored = admin.GetBucket
+	return f
+}
