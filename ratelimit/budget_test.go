@@ -19,15 +19,7 @@ import (
 // last day of February, and all of March (31 days less the hour daylight
 // saving takes) from its first instant.
 func TestBudgetDurationUntilReset(t *testing.T) {
-	berlin, err := time.LoadLocation("Europe/Berlin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := &clock{}
-	clk.ms.Store(time.Date(2026, 2, 28, 12, 0, 0, 0, berlin).UnixMilli())
-	be := memory.New(memory.Options{Now: clk.now, SweepInterval: -1})
-	t.Cleanup(func() { be.Close() })
-	c := serve(t, ratelimit.New(rules(t, `
+	c, clk, berlin := atNoonFeb28InBerlin(t, ratelimit.Options{}, `
 domain: test
 descriptors:
   - key: tenant
@@ -35,7 +27,7 @@ descriptors:
       - {name: rpm, rate: 20/min, cost: request}
       - {name: tpm, rate: 60000/min}
       - {name: month, rate: 1000, period: month, zone: Europe/Berlin}
-`), be, ratelimit.Options{}))
+`)
 	ask := func(hits uint32) *rlsv3.RateLimitResponse_DescriptorStatus {
 		return call(t, c, &rlsv3.RateLimitRequest{HitsAddend: hits, Descriptors: []*rlv3.RateLimitDescriptor{desc("tenant", "acme")}}).Statuses[0]
 	}
@@ -52,15 +44,7 @@ descriptors:
 // period (w: a month is 30 days) and t the exact seconds to its boundary;
 // a budget in debt waits for the boundary that repays it.
 func TestHeadersInDebtAndOnABudget(t *testing.T) {
-	berlin, err := time.LoadLocation("Europe/Berlin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	clk := &clock{}
-	clk.ms.Store(time.Date(2026, 2, 28, 12, 0, 0, 0, berlin).UnixMilli())
-	be := memory.New(memory.Options{Now: clk.now, SweepInterval: -1})
-	t.Cleanup(func() { be.Close() })
-	c := serve(t, ratelimit.New(rules(t, `
+	c, clk, berlin := atNoonFeb28InBerlin(t, ratelimit.Options{ResponseHeaders: true}, `
 domain: test
 descriptors:
   - key: tenant
@@ -71,7 +55,7 @@ descriptors:
   - key: plan
     limits:
       - {name: month, rate: 1000, period: month, zone: Europe/Berlin}
-`), be, ratelimit.Options{ResponseHeaders: true}))
+`)
 	ask := func(d *rlv3.RateLimitDescriptor) map[string]string {
 		got := map[string]string{}
 		for _, h := range call(t, c, &rlsv3.RateLimitRequest{Descriptors: []*rlv3.RateLimitDescriptor{d}}).ResponseHeadersToAdd {
@@ -116,4 +100,21 @@ descriptors:
 		"RateLimit":           fmt.Sprintf(`"month";r=500;t=%d`, (31*24-1)*3600),
 		"RateLimit-Remaining": "500",
 	})
+}
+
+// atNoonFeb28InBerlin serves rulesYAML with opts on the memory backend,
+// on a clock set at noon on 2026-02-28 in Berlin (the day before a
+// month's boundary, whose March loses an hour), and returns the client,
+// the clock and the zone.
+func atNoonFeb28InBerlin(t *testing.T, opts ratelimit.Options, rulesYAML string) (rlsv3.RateLimitServiceClient, *clock, *time.Location) {
+	t.Helper()
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{}
+	clk.ms.Store(time.Date(2026, 2, 28, 12, 0, 0, 0, berlin).UnixMilli())
+	be := memory.New(memory.Options{Now: clk.now, SweepInterval: -1})
+	t.Cleanup(func() { be.Close() })
+	return serve(t, ratelimit.New(rules(t, rulesYAML), be, opts)), clk, berlin
 }
