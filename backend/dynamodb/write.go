@@ -195,16 +195,7 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 		if dOut != 0 {
 			e.addAttr(ot, num(dOut))
 		}
-		low := t.lowest(l, next)
-		if net <= 0 {
-			// It takes none of this limit's tokens (a report, a return,
-			// a renewal that grants none of it): it can leave the limit
-			// no lower than the item holds, so it needs no tokens there.
-			// Held to zero, every such write on a limit in debt lost
-			// its race, and a lease there was never renewed nor given
-			// back.
-			low = min(low, next.Tokens)
-		}
+		low := t.lowest(l, next, net)
 		switch {
 		case !t.refund && refilled.Tokens >= bucket.Room(l, base) && !l.IsBudget():
 			e.setMinus(tk, num(l.Burst-net), ot)
@@ -259,19 +250,28 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 }
 
 // lowest is the fewest tokens t's write may leave limit l with, whose
-// planned state after it is next, whatever others wrote meanwhile: zero
-// for decisions (what they admitted was there), the limit's floor for a
-// write of charges alone (they land whatever is left), and for both
-// together below zero, next itself (the item still holds all it held
-// when the admissions among them were decided).
-func (t *target) lowest(l bucket.Limit, next bucket.State) int64 {
+// planned state after it is next and which takes net of its tokens,
+// whatever others wrote meanwhile: zero for decisions (what they
+// admitted was there), the limit's floor for a write of charges alone
+// (they land whatever is left), and for both together below zero, next
+// itself (the item still holds all it held when the admissions among
+// them were decided). A write that takes none of the limit's tokens (a
+// report, a return, a renewal that grants none of it) leaves it no
+// lower than the item holds, so it may leave it as low as planned: held
+// to zero, every such write on a limit in debt lost its race, and a
+// lease there was never renewed nor given back.
+func (t *target) lowest(l bucket.Limit, next bucket.State, net int64) int64 {
+	low := min(next.Tokens, 0)
 	switch {
 	case !t.charged:
-		return 0
+		low = 0
 	case !t.admitted:
-		return bucket.Bottom(l, next)
+		low = bucket.Bottom(l, next)
 	}
-	return min(next.Tokens, 0)
+	if net <= 0 {
+		low = min(low, next.Tokens)
+	}
+	return low
 }
 
 // atRoomOps keeps limit l's time at its room (fieldAtRoom, from base to
