@@ -660,18 +660,23 @@ func (b *Backend) leaseWritten(ts []target, now int64, wrote bool) {
 		if wrote {
 			b.leases.Drop(t.lostBack)
 		}
+		grant := t.grant
 		if t.reporting {
 			if wrote {
 				b.leases.Reported(&lb, t.kept, t.grant, t.newWin, now)
 			} else {
-				// Nothing written: the lease is as it was.
+				// Nothing written: the lease is as it was. A grant in a
+				// write found not needed only lent again, into the same
+				// window, what the lease gave back: those tokens are the
+				// lease's once more, and credited twice they would be
+				// spent twice.
 				b.leases.Restore(&lb, t.lease)
 				b.leases.Unreported(&lb, t.rep, true)
-				t.lease = nil
+				t.lease, grant = nil, nil
 			}
 			t.reporting = false
 		}
-		b.leases.Credit(&lb, t.grant, t.view(), written, now)
+		b.leases.Credit(&lb, grant, t.view(), written, now)
 		t.lease = nil
 	}
 	if wrote && leaseWrite {
