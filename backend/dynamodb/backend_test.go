@@ -93,6 +93,21 @@ func mustDecide(t *testing.T, b *Backend, req backend.Request) backend.Decision 
 	return d
 }
 
+// mustTargets is what a batch of req's calls decides on in b: the
+// targets of its buckets, their records read through b's cache.
+func mustTargets(t *testing.T, b *Backend, req *backend.Request) []target {
+	t.Helper()
+	set, err := b.records.get(t.Context(), req.Entity, req.Resource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, _, err := b.targets(t.Context(), req, nil, set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts
+}
+
 // rawItem reads a bucket item as stored.
 func (e *env) rawItem(t *testing.T, pk, sk string) map[string]types.AttributeValue {
 	t.Helper()

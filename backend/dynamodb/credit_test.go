@@ -72,14 +72,7 @@ func TestBatchBehindAWriteSkipsCallsWhoseCallerIsGone(t *testing.T) {
 		mustDecide(t, b, req)
 		waitBackground(t, b)
 	}
-	set, err := b.records.get(t.Context(), req.Entity, req.Resource)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts, _, err := b.targets(t.Context(), &req, nil, set)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ts := mustTargets(t, b, &req)
 	gone, cancel := context.WithCancel(t.Context())
 	cancel()
 	calls := []*call{newCall(t.Context(), &req, ""), newCall(gone, &req, ""), newCall(t.Context(), &req, "")}

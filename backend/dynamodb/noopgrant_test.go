@@ -27,14 +27,7 @@ func TestWriteNotNeededGrantsNothing(t *testing.T) {
 		waitBackground(t, b)
 	}
 	for step := range 6 {
-		set, err := b.records.get(t.Context(), req.Entity, req.Resource)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts, _, err := b.targets(t.Context(), &req, nil, set)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ts := mustTargets(t, b, &req)
 		bk, ok, err := ad.GetBucket(t.Context(), req.Entity, req.Resource)
 		if err != nil || !ok {
 			t.Fatalf("step %d: bucket found %v, err %v", step, ok, err)
