@@ -111,6 +111,9 @@ type Service struct {
 	// spares holds what each shared bucket's slots gave up for the
 	// bucket's other slots on this replica; bounded like pressure.
 	spares *spares
+	// ahead books the next renewal of each shared bucket's slots, which
+	// a take of another of them pays for when it is due soon.
+	ahead *ahead
 	// draws is what this replica's decisions on each shared bucket tell
 	// of its draws and the other replicas'; bounded like pressure.
 	// drawsMu makes a count's read and write one step.
@@ -163,6 +166,14 @@ func (s *Service) peers(key string, now int64) peers {
 		draws: d, saw: func(level, took uint64, c capacity) { s.saw(key, level, took, now, c) }}
 }
 
+// peersOf is peers for a renewal of the slot sl: with ahead, which
+// claims the renewals of the bucket's other slots due soon.
+func (s *Service) peersOf(key string, sl *slot, now int64) peers {
+	p := s.peers(key, now)
+	p.ahead = func() uint64 { return s.ahead.claim(key, sl, now) }
+	return p
+}
+
 // saw counts a decision on the shared bucket key made at now.
 func (s *Service) saw(key string, level, took uint64, now int64, c capacity) {
 	s.drawsMu.Lock()
@@ -197,6 +208,7 @@ func New(rules Rules, be backend.Backend, opts Options) *Service {
 	// Spares pushed out by more buckets than the bound are lost to
 	// everyone, as a stream's bank is when it ends.
 	svc.spares = newSpares(size, func(n uint64) { svc.stats.stranded.Add(n) })
+	svc.ahead = newAhead(size)
 	return svc
 }
 

@@ -43,6 +43,9 @@ type slot struct {
 	busy int64
 	// early is when (ms) a report last brought the renewal forward.
 	early int64
+	// asked is what the last renewal asked of the shared bucket beyond
+	// its bank, before spares: what the next one likely asks (ahead.go).
+	asked uint64
 	// short: the last take found the shared bucket unable to give all
 	// it asked: the limit is reached.
 	short bool
@@ -129,6 +132,9 @@ type peers struct {
 	// of one more.
 	draws draws
 	saw   func(level, took uint64, c capacity)
+	// ahead claims what the renewals of the bucket's other slots on
+	// this replica due soon will ask (ahead.go); nil: none.
+	ahead func() uint64
 }
 
 // see tells the replica of a decision on the shared bucket that took
@@ -171,6 +177,7 @@ const retrySoon = 250
 //
 // peers is what the replica's other streams tell of the shared bucket.
 func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int64, peers peers) (renewal, error) {
+	s.asked = 0
 	if !s.matched {
 		return p.record(s, Strategy{Allow: true}, p.TTL, now, 0), nil
 	}
@@ -250,20 +257,30 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 	}
 	debt := s.debt()
 	if need := ask + debt; need > have {
+		s.asked = need - have
+	}
+	if need := ask + debt; need > have {
 		// The tokens other Envoys of the bucket left unused on this
 		// replica pay first: a take they cover writes nothing.
 		got := peers.spare.draw(need - have)
 		s.bank += got
 		have += got
 	}
-	var taken uint64
+	var taken, kept uint64 // taken from the shared bucket; kept for s
 	if need := ask + debt; need > have {
 		// Less than the smallest token bucket costs would be a write
 		// for a DENY_ALL.
 		one := bucketOf(1, s.cap)
-		got, d, err := take(ctx, be, s.req, need-have, one.MaxTokens+fills(1, now, now+(p.ShortTTL+p.Allowance).Milliseconds()))
+		// The renewals of the bucket's other slots here that are due
+		// soon are paid with the same write (ahead.go).
+		own := need - have
+		var soon uint64
+		if peers.ahead != nil {
+			soon = peers.ahead()
+		}
+		got, d, err := take(ctx, be, s.req, own+soon, one.MaxTokens+fills(1, now, now+(p.ShortTTL+p.Allowance).Milliseconds()))
 		s.bank += got
-		taken = got
+		taken, kept = got, got
 		if err != nil {
 			if errors.Is(err, errPerRequest) {
 				return p.record(s, Strategy{}, p.ShortTTL, now, taken), nil
@@ -276,8 +293,18 @@ func (p Policy) renew(ctx context.Context, be backend.Backend, s *slot, now int6
 		}
 		s.cap, _ = capacityOf(d.Limits)
 		peers.see(available(d), got, s.cap)
+		if soon > 0 {
+			// The slot's own renewal is paid first; the others get what
+			// is left. Shared in proportion instead, a short bucket sent
+			// every Envoy less, each renewed sooner, and the writes saved
+			// went on more renewals.
+			theirs := got - min(got, own)
+			given := peers.spare.give(theirs, max(s.cap.burst, 1))
+			s.bank -= given
+			kept -= given
+		}
 	}
-	s.short = have+taken < least+debt
+	s.short = have+kept < least+debt
 	paid := min(s.bank, debt)
 	s.bank -= paid
 	s.issued += paid

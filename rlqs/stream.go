@@ -196,7 +196,7 @@ func (st *streamState) due(ctx context.Context) *rlqsv3.RateLimitQuotaResponse {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			key := sharedKey(s.req)
-			r, err := svc.opts.Policy.renew(ctx, svc.be, s, now, svc.peers(key, now))
+			r, err := svc.opts.Policy.renew(ctx, svc.be, s, now, svc.peersOf(key, s, now))
 			if s.short {
 				svc.pressure.Add(key, now)
 			}
@@ -208,6 +208,7 @@ func (st *streamState) due(ctx context.Context) *rlqsv3.RateLimitQuotaResponse {
 				s.due = now + 1000
 				return
 			}
+			svc.ahead.book(key, s, s.due, s.asked)
 			if r.wait {
 				return
 			}
