@@ -73,14 +73,21 @@ type ChargeResult struct {
 	Failed   int64         // checks or charges that failed
 	Charged  int64         // charges answered, every one of Tokens
 	Elapsed  time.Duration // from the first check to the last charge's answer
+	// FirstErr is the first failed call's error, with whether it was a
+	// check or a charge and how long it took; "" for none.
+	FirstErr string
 }
 
 // Used is the tokens the admitted requests used.
 func (r ChargeResult) Used(l ChargeLoad) int64 { return r.Admitted * int64(l.Tokens) }
 
 func (r ChargeResult) String() string {
-	return fmt.Sprintf("%d admitted, %d denied, %d failed, %d charged in %v",
+	s := fmt.Sprintf("%d admitted, %d denied, %d failed, %d charged in %v",
 		r.Admitted, r.Denied, r.Failed, r.Charged, r.Elapsed.Round(time.Millisecond))
+	if r.FirstErr != "" {
+		s += " (first failure: " + r.FirstErr + ")"
+	}
+	return s
 }
 
 // Bound is what the load's admitted requests may use at most on limit l
@@ -99,6 +106,12 @@ func ChargeStorm(ds []Decider, req backend.Request, load ChargeLoad) ChargeResul
 		deadline = time.Second
 	}
 	var admitted, denied, failed, charged atomic.Int64
+	var firstErr sync.Once
+	var first string
+	fail := func(what string, took time.Duration, err error) {
+		failed.Add(1)
+		firstErr.Do(func() { first = fmt.Sprintf("%s after %v: %v", what, took.Round(time.Millisecond), err) })
+	}
 	start := time.Now()
 	stop := start.Add(load.Run)
 	var wg sync.WaitGroup
@@ -109,11 +122,12 @@ func ChargeStorm(ds []Decider, req backend.Request, load ChargeLoad) ChargeResul
 				check := req
 				check.Hits, check.Charge = 0, false
 				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				began := time.Now()
 				dec, err := d.Decide(ctx, &check)
 				cancel()
 				switch {
 				case err != nil:
-					failed.Add(1)
+					fail("check", time.Since(began), err)
 					time.Sleep(load.Backoff)
 					continue
 				case !dec.Allowed:
@@ -128,10 +142,11 @@ func ChargeStorm(ds []Decider, req backend.Request, load ChargeLoad) ChargeResul
 				// A charge is not bound by Envoy's deadline (ratelimit
 				// gives it a deadline of its own).
 				ctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+				began = time.Now()
 				_, err = d.Decide(ctx, &charge)
 				cancel()
 				if err != nil {
-					failed.Add(1)
+					fail("charge", time.Since(began), err)
 				} else {
 					charged.Add(1)
 				}
@@ -140,7 +155,7 @@ func ChargeStorm(ds []Decider, req backend.Request, load ChargeLoad) ChargeResul
 	}
 	wg.Wait()
 	return ChargeResult{Admitted: admitted.Load(), Denied: denied.Load(), Failed: failed.Load(),
-		Charged: charged.Load(), Elapsed: time.Since(start)}
+		Charged: charged.Load(), Elapsed: time.Since(start), FirstErr: first}
 }
 
 // HoldsTheBound fails t unless what r's admitted requests used on l lies

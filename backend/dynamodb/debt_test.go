@@ -141,3 +141,52 @@ func TestDebtSeenByEveryReplica(t *testing.T) {
 	e := newEnv(t)
 	backendtest.DebtSeenByEveryReplica(t, nearReplicas(t, e, "spread"), 3*time.Second, e.admin(t, "spread").GetBucket)
 }
+
+// A charge planned on a view of a bucket at its limit that another
+// replica has written since lands in one write: charges alone claim no
+// refill (they need none to land), so another replica's admission,
+// which claims refill and moves the clock, does not fail their
+// condition. When a charge claimed the refill too, it lost its race to
+// every such write: on a busy machine, charges took 11 writes and 2 s,
+// past their deadline, on a bucket three replicas took from.
+func TestChargeOnAStaleViewLandsInOneWrite(t *testing.T) {
+	e := newEnv(t)
+	opts := Options{KeyPrefix: "stale", LeaseHorizon: -1}
+	a, b := e.replica(t, opts), e.replica(t, opts)
+	l := lim(t, "tpm", "1000/s", 1000)
+	req := func(hits uint64, charge bool) *backend.Request {
+		return &backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}, Hits: hits, Charge: charge}
+	}
+	decide := func(who string, d *Backend, r *backend.Request) backend.Decision {
+		t.Helper()
+		dec, err := d.Decide(t.Context(), r)
+		if err != nil {
+			t.Fatalf("%s: %v", who, err)
+		}
+		return dec
+	}
+	// b empties the bucket and sees it at zero; 100 ms of refill pend.
+	decide("b's charge of the whole burst", b, req(1000, true))
+	e.clock.advance(100)
+	// a admits from the refill: its write moves the clock b saw.
+	if dec := decide("a's admission", a, req(10, false)); !dec.Allowed {
+		t.Fatalf("a's admission of 10 with 100 ms of refill pending: %+v", dec)
+	}
+	writes, retries := writeCalls(b), b.Stats().ConditionRetries.Load()
+	decide("b's charge on its old view", b, req(300, true))
+	if w, r := writeCalls(b)-writes, b.Stats().ConditionRetries.Load()-retries; w != 1 || r != 0 {
+		t.Errorf("b's charge took %d writes and lost %d races, want 1 write and none", w, r)
+	}
+	bk, ok, err := e.admin(t, "stale").GetBucket(t.Context(), "tenant", "chat")
+	if err != nil || !ok {
+		t.Fatalf("reading the bucket: found %v, %v", ok, err)
+	}
+	if got, want := bk.States[0].Consumed, int64(1310)*bucket.Milli; got != want {
+		t.Errorf("consumed %d millitokens, want %d (every charge and admission)", got, want)
+	}
+	// 1,000 + 10 + 300 taken, 100 refilled: the bucket holds -210.
+	got := bucket.Refill(l, bk.States[0], e.clock.now())
+	if want := int64(-210) * bucket.Milli; got.Tokens != want {
+		t.Errorf("the bucket holds %d millitokens at now, want %d", got.Tokens, want)
+	}
+}
