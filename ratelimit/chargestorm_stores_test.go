@@ -33,9 +33,10 @@ type storeFleet struct {
 
 // The gateways' storms of TestGatewayChargeStorms on the stores: three
 // replicas with leases, 5 ms from DynamoDB Local, or on one redis-server
-// with every call 5 ms longer, each client on one replica for its checks
-// and its charges alike, as Envoy behind a ClusterIP Service sends a
-// request's two calls over one connection. The tokens admitted requests
+// with every call 5 ms longer, for 3 s (backendtest.ChargeRunEnv and
+// ChargeDelayEnv change both, as `make bench-charges` does), each client
+// on one replica for its checks and its charges alike, as Envoy behind
+// a ClusterIP Service sends a request's two calls over one connection. The tokens admitted requests
 // used stay within [0.8, 1] of B + R*T with the K*N of requests in
 // flight, and the store counts every charge.
 //
@@ -48,7 +49,7 @@ type storeFleet struct {
 // "A request's check and charge on different replicas").
 func TestGatewayChargeStormsOnTheStores(t *testing.T) {
 	if testing.Short() {
-		t.Skip("18 s of storms on DynamoDB Local and redis-server")
+		t.Skip("six storms of 3 s on DynamoDB Local and redis-server")
 	}
 	shift := 0
 	if os.Getenv("SLUICE_CROSS_REPLICA_CHARGES") == "1" {
@@ -72,7 +73,7 @@ func TestGatewayChargeStormsOnTheStores(t *testing.T) {
 					for k, c := range f.clients {
 						ds = append(ds, gatewayCalls{c: c, check: g.check, taken: g.taken, charger: f.clients[(k+shift)%len(f.clients)]})
 					}
-					load := backendtest.ChargeLoad{Clients: 10, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: 3 * time.Second}
+					load := backendtest.ChargeLoad{Clients: 10, Tokens: 100, Think: 50 * time.Millisecond, Backoff: 5 * time.Millisecond, Run: backendtest.ChargeRun(t)}
 					r := backendtest.ChargeStorm(ds, backend.Request{}, load)
 					l := bucket.Limit{Name: "tpm", Amount: 1000 * bucket.Milli, Period: bucket.Second, Burst: 1000 * bucket.Milli}
 					r.HoldsTheBound(t, l, load)
@@ -88,7 +89,7 @@ func TestGatewayChargeStormsOnTheStores(t *testing.T) {
 }
 
 // dynamoFleet is three replicas on a new table of the package's DynamoDB
-// Local, 5 ms away behind a delay proxy.
+// Local, backendtest.ChargeDelay away behind a delay proxy.
 func dynamoFleet(t *testing.T, prefix string) storeFleet {
 	srv := dynamodbtest.Require(t)
 	table := srv.NewTable(t, func(ctx context.Context, c *dynamodb.Client, name string) error {
@@ -100,7 +101,7 @@ func dynamoFleet(t *testing.T, prefix string) storeFleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
-	proxy.SetDelay(5 * time.Millisecond)
+	proxy.SetDelay(backendtest.ChargeDelay(t))
 	var f storeFleet
 	for range 3 {
 		be, err := ddb.New(srv.ClientAt(proxy.Endpoint()), ddb.Options{Table: table, KeyPrefix: prefix})
@@ -119,7 +120,7 @@ func dynamoFleet(t *testing.T, prefix string) storeFleet {
 }
 
 // redisFleet is three replicas on the package's redis-server, each
-// round trip 5 ms longer.
+// round trip backendtest.ChargeDelay longer.
 func redisFleet(t *testing.T, prefix string) storeFleet {
 	srv := redistest.Require(t)
 	dial := func() rueidis.Client {
@@ -130,9 +131,10 @@ func redisFleet(t *testing.T, prefix string) storeFleet {
 		t.Cleanup(c.Close)
 		return c
 	}
+	delay := backendtest.ChargeDelay(t)
 	far := func(ctx context.Context, _ string, fn func(context.Context) error) error {
 		select {
-		case <-time.After(5 * time.Millisecond):
+		case <-time.After(delay):
 		case <-ctx.Done():
 			return ctx.Err()
 		}
