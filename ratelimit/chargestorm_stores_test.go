@@ -35,10 +35,10 @@ type storeFleet struct {
 // replicas with leases, 5 ms from DynamoDB Local, or on one redis-server
 // with every call 5 ms longer, for 3 s (backendtest.ChargeRunEnv and
 // ChargeDelayEnv change both, as `make bench-charges` does), each client
-// on one replica for its checks and its charges alike, as Envoy behind
-// a ClusterIP Service sends a request's two calls over one connection. The tokens admitted requests
-// used stay within [0.8, 1] of B + R*T with the K*N of requests in
-// flight, and the store counts every charge.
+// on one replica for its checks and its charges alike, as Envoy behind a
+// ClusterIP Service sends a request's two calls over one connection. The
+// tokens admitted requests used stay within [0.8, 1] of B + R*T with the
+// K*N of requests in flight, and the store counts every charge.
 //
 // With SLUICE_CROSS_REPLICA_CHARGES=1 each client's charges go to the
 // replica after its checks' instead, as per-request load balancing over

@@ -206,18 +206,15 @@ func (b *Backend) plannedOp(t *target, now int64) op {
 			written[i].Clock = now
 		case !t.refund:
 			// Pay from the tokens held and, if short, from the least whole
-			// steps of refill; the rest stays pending on the clock.
-			// A charge may take more than the refill gives: it claims
-			// all of it, and goes into debt for the rest.
-			want := min(max(net, 0), refilled.Tokens)
-			if t.charged && !t.admitted {
-				// Charges alone need no refill to land, only to stay above
-				// the floor: claiming none, they leave the clock to the
-				// writers that admit, and do not lose race after race to
-				// them on a bucket at its limit (where a charge that claimed
-				// the refill took 11 writes and 2 s on a busy machine).
-				want = min(max(net+low, 0), refilled.Tokens)
-			}
+			// steps of refill; the rest stays pending on the clock. A write
+			// claims only the refill it needs to stay at or above its
+			// lowest: what pays for admissions (lowest zero), all of it for
+			// charges beside them that go into debt, and for charges alone
+			// only what their floor asks. Those then leave the clock to the
+			// writers that admit, and do not lose race after race to them
+			// on a bucket at its limit (claiming the refill, such a charge
+			// took 11 writes and 2 s on a busy machine).
+			want := min(max(net+low, 0), refilled.Tokens)
 			ms, claimed := bucket.Claim(l, base, want)
 			pending := refilled.Tokens - base.Tokens - claimed
 			dTk := claimed - net
