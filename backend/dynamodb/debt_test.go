@@ -190,3 +190,41 @@ func TestChargeOnAStaleViewLandsInOneWrite(t *testing.T) {
 		t.Errorf("the bucket holds %d millitokens at now, want %d", got.Tokens, want)
 	}
 }
+
+// A check on a bucket that charges come to passes only on a view at most
+// maxPassAge old, on a replica that has seen no other writer too: where
+// a request's charge goes to another replica than its check, the replica
+// that checks finds nobody in its own writes while the others' charges
+// run the bucket into debt. a charges and checks, alone on the bucket as
+// far as it can tell; b's charge then takes the limit deep into debt;
+// a's next check, a fifth of a second later, is denied. When only a
+// bucket seen shared was read again, a passed checks on its own copy for
+// as long as it lasted (a storm with each charge on the next replica
+// admitted 1.4 to 1.7 times B + R*T).
+func TestChecksOnAChargedBucketReadItAgain(t *testing.T) {
+	e := newEnv(t)
+	opts := Options{KeyPrefix: "cross"}
+	a, b := e.replica(t, opts), e.replica(t, opts)
+	l := lim(t, "tpm", "1000/s", 1000)
+	l.Debt = 3000 * bucket.Milli
+	req := func(hits uint64, charge bool) *backend.Request {
+		return &backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}, Hits: hits, Charge: charge}
+	}
+	decide := func(who string, d *Backend, r *backend.Request) backend.Decision {
+		t.Helper()
+		dec, err := d.Decide(t.Context(), r)
+		if err != nil {
+			t.Fatalf("%s: %v", who, err)
+		}
+		return dec
+	}
+	decide("a's charge", a, req(900, true))
+	if dec := decide("a's check", a, req(0, false)); !dec.Allowed {
+		t.Fatalf("a's check with 100 tokens left: %+v", dec)
+	}
+	decide("b's charge", b, req(2000, true))
+	e.clock.advance(2 * maxPassAge)
+	if dec := decide("a's check after b's charge", a, req(0, false)); dec.Allowed {
+		t.Errorf("a's check passed %d ms after b charged the limit 1,800 tokens into debt: %+v", 2*maxPassAge, dec.Results)
+	}
+}
