@@ -154,8 +154,17 @@ func TestChargeOnAStaleViewLandsInOneWrite(t *testing.T) {
 	opts := Options{KeyPrefix: "stale", LeaseHorizon: -1}
 	a, b := e.replica(t, opts), e.replica(t, opts)
 	l := lim(t, "tpm", "1000/s", 1000)
-	req := tenantChat(l)
-	decide := decider(t)
+	req := func(hits uint64, charge bool) *backend.Request {
+		return &backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}, Hits: hits, Charge: charge}
+	}
+	decide := func(who string, d *Backend, r *backend.Request) backend.Decision {
+		t.Helper()
+		dec, err := d.Decide(t.Context(), r)
+		if err != nil {
+			t.Fatalf("%s: %v", who, err)
+		}
+		return dec
+	}
 	// b empties the bucket and sees it at zero; 100 ms of refill pend.
 	decide("b's charge of the whole burst", b, req(1000, true))
 	e.clock.advance(100)
@@ -198,8 +207,17 @@ func TestChecksOnAChargedBucketReadItAgain(t *testing.T) {
 	a, b := e.replica(t, opts), e.replica(t, opts)
 	l := lim(t, "tpm", "1000/s", 1000)
 	l.Debt = 3000 * bucket.Milli
-	req := tenantChat(l)
-	decide := decider(t)
+	req := func(hits uint64, charge bool) *backend.Request {
+		return &backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}, Hits: hits, Charge: charge}
+	}
+	decide := func(who string, d *Backend, r *backend.Request) backend.Decision {
+		t.Helper()
+		dec, err := d.Decide(t.Context(), r)
+		if err != nil {
+			t.Fatalf("%s: %v", who, err)
+		}
+		return dec
+	}
 	decide("a's charge", a, req(900, true))
 	if dec := decide("a's check", a, req(0, false)); !dec.Allowed {
 		t.Fatalf("a's check with 100 tokens left: %+v", dec)
@@ -208,26 +226,5 @@ func TestChecksOnAChargedBucketReadItAgain(t *testing.T) {
 	e.clock.advance(2 * maxPassAge)
 	if dec := decide("a's check after b's charge", a, req(0, false)); dec.Allowed {
 		t.Errorf("a's check passed %d ms after b charged the limit 1,800 tokens into debt: %+v", 2*maxPassAge, dec.Results)
-	}
-}
-
-// tenantChat returns requests of hits, charges or not, on the tenant's
-// chat bucket under limit l.
-func tenantChat(l bucket.Limit) func(hits uint64, charge bool) *backend.Request {
-	return func(hits uint64, charge bool) *backend.Request {
-		return &backend.Request{Entity: "tenant", Resource: "chat", Defaults: []bucket.Limit{l}, Hits: hits, Charge: charge}
-	}
-}
-
-// decider returns a Decide on a replica that fails t, naming who, on an
-// error.
-func decider(t *testing.T) func(who string, d *Backend, r *backend.Request) backend.Decision {
-	return func(who string, d *Backend, r *backend.Request) backend.Decision {
-		t.Helper()
-		dec, err := d.Decide(t.Context(), r)
-		if err != nil {
-			t.Fatalf("%s: %v", who, err)
-		}
-		return dec
 	}
 }
