@@ -23,30 +23,20 @@ const (
 	maxViewAge = 1000
 )
 
-// Charged records that a charge of hits (backend.Request.Charge) came
-// to this replica on the buckets bs at now: their limits may be in debt,
-// run up on any replica, and their leases keep their views fresh
-// (viewStale); the charge moves their mean charges and cancels a check's
-// set-aside on each (leasereserve.go). A replica that sees only checks
-// and admissions on a bucket is not told; in a gateway's pattern the
-// charges of a tenant's responses come to every replica its checks come
-// to.
-func (ls *Leases[K]) Charged(bs []LeaseBucket[K], hits uint64, now int64) {
+// Charged records that a charge (backend.Request.Charge) came to this
+// replica on the buckets bs at now: their limits may be in debt, run up
+// on any replica, and their leases keep their views fresh (viewStale).
+// A replica that sees only checks and admissions on a bucket is not
+// told; in a gateway's pattern the charges of a tenant's responses come
+// to every replica its checks come to.
+func (ls *Leases[K]) Charged(bs []LeaseBucket[K], now int64) {
 	hs, unlock, ok := ls.lockAll(bs, ls.lockOrder(bs), true)
 	if !ok {
 		return
 	}
 	defer unlock()
 	for i := range bs {
-		h := hs[i]
-		h.chargedAt = max(h.chargedAt, now)
-		if !h.matches(bs[i].Res, bs[i].FP) {
-			if h.held() > 0 {
-				continue // tokens under other limits: wait for a fold
-			}
-			h.align(bs[i].Res, bs[i].FP)
-		}
-		h.charged(bs[i].Res, hits, now)
+		hs[i].chargedAt = max(hs[i].chargedAt, now)
 	}
 }
 

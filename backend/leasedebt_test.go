@@ -29,7 +29,7 @@ func TestLeasesDenyWhileTheLimitIsInDebt(t *testing.T) {
 			"tpm": {Tokens: whole(c.tokens), Clock: leaseT0, Out: [bucket.LeaseSlots]bucket.Out{{Window: 1, Tokens: whole(c.out)}}}}}
 		ls.Credit(&b, []int64{whole(10)}, view, nil, leaseT0)
 		for _, hits := range []uint64{0, 1} {
-			if _, _, paid := ls.Spend(bs, hits, leaseT0, 5, true, false); paid != c.paid {
+			if _, _, paid := ls.Spend(bs, hits, leaseT0, 5, true); paid != c.paid {
 				t.Errorf("%s: a call of %d hits paid %v, want %v", c.name, hits, paid, c.paid)
 			}
 		}
@@ -63,9 +63,9 @@ func TestLeasesRefreshTheViewOfACharged(t *testing.T) {
 			"tpm": {Tokens: whole(500), Clock: leaseT0, Out: [bucket.LeaseSlots]bucket.Out{{Window: 1, Tokens: whole(c.out)}}}}}
 		ls.Credit(&b, []int64{whole(100)}, view, nil, leaseT0)
 		if c.charged {
-			ls.Charged(bs, 0, leaseT0)
+			ls.Charged(bs, leaseT0)
 		}
-		_, renew, paid := ls.Spend(bs, 0, leaseT0+c.age, c.rtt, true, false)
+		_, renew, paid := ls.Spend(bs, 0, leaseT0+c.age, c.rtt, true)
 		if !paid || (len(renew) == 1) != c.renew {
 			t.Errorf("%s: paid %v, renew %v; want paid, renewal %v", c.name, paid, leaseKeys(renew), c.renew)
 		}

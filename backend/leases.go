@@ -143,13 +143,6 @@ type holding struct {
 	// bucket (Charged; 0: none): its view is then kept fresh, since
 	// another replica's charges may put it in debt (viewStale).
 	chargedAt int64
-	// meanCharge is what the charges that came to this replica on the
-	// bucket cost on average, per limit (0: none yet); reserved is what
-	// the set-asides of the checks the lease paid hold back of its
-	// tokens, per limit, and setAsides those set-asides, oldest first,
-	// each its time (ms) then its amounts (leasereserve.go).
-	meanCharge, reserved []int64
-	setAsides            []int64
 	// gone: Due forgot it (empty and unused for two horizons) after a
 	// caller found it in the map and before that caller locked it.
 	// Nothing is put into a gone holding: it would be stranded there.
@@ -241,7 +234,6 @@ func (h *holding) align(res Resolved, fp string) {
 	h.fp, h.res, h.own, h.quick, h.fleet = fp, res, own, quick, fleet
 	h.unmet, h.dryAt = make([]int64, n), 0
 	h.tokens, h.granted = make([]int64, n), make([]int64, n)
-	h.meanCharge, h.reserved, h.setAsides = make([]int64, n), make([]int64, n), nil
 }
 
 func (h *holding) held() int64 {
@@ -446,26 +438,6 @@ func (ls *Leases[K]) SharedSince(k K, since int64) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.othersAt > 0 && h.othersAt >= since
-}
-
-// ChargedSince reports whether a charge came to this replica on k's
-// bucket at or after since (Charged).
-func (ls *Leases[K]) ChargedSince(k K, since int64) bool {
-	h := ls.get(k)
-	if h == nil {
-		return false
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.chargedAt > 0 && h.chargedAt >= since
-}
-
-// OthersWrote records that another writer changed k's bucket at now, as
-// a lost race or a read found it: the bucket is shared (SharedSince).
-func (ls *Leases[K]) OthersWrote(k K, now int64) {
-	h := ls.lockLive(k)
-	h.othersAt = max(h.othersAt, now)
-	h.mu.Unlock()
 }
 
 // Due lists the leases to return at now (idle for a horizon, or expired)

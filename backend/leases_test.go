@@ -82,7 +82,7 @@ func TestLeasesFreshPaysNothing(t *testing.T) {
 	ls, stats := newTestLeases()
 	b := leaseOn("k", testLimit("rpm", 100, 100))
 	for _, arriving := range []bool{true, false} {
-		results, renew, paid := ls.Spend([]LeaseBucket[string]{b}, 1, leaseT0, 0, arriving, false)
+		results, renew, paid := ls.Spend([]LeaseBucket[string]{b}, 1, leaseT0, 0, arriving)
 		if paid || results != nil || renew != nil {
 			t.Fatalf("arriving=%v: a fresh lease paid: %v %v %v", arriving, results, renew, paid)
 		}
@@ -97,7 +97,7 @@ func TestLeasesFreshPaysNothing(t *testing.T) {
 	}
 	// A call handed back from a batch was counted when it arrived.
 	other := leaseOn("other", testLimit("rpm", 100, 100))
-	ls.Spend([]LeaseBucket[string]{other}, 1, leaseT0, 0, false, false)
+	ls.Spend([]LeaseBucket[string]{other}, 1, leaseT0, 0, false)
 	if asks := ls.Asks(&other, nil, leaseT0, 0); asks[0].Own != 0 {
 		t.Fatalf("a call that was not arriving counted as demand: %+v", asks)
 	}
@@ -133,7 +133,7 @@ func TestLeasesSpendPaysWhileTheLeaseCovers(t *testing.T) {
 			ls.Credit(&b, c.grant, nil, nil, leaseT0)
 			held := slices.Clone(c.grant)
 			for i, hits := range c.hits {
-				results, _, paid := ls.Spend([]LeaseBucket[string]{b}, hits, leaseT0+int64(i), 0, true, false)
+				results, _, paid := ls.Spend([]LeaseBucket[string]{b}, hits, leaseT0+int64(i), 0, true)
 				if paid != c.wantPaid[i] {
 					t.Fatalf("call %d (%d hits): paid = %v, want %v", i, hits, paid, c.wantPaid[i])
 				}
@@ -201,7 +201,7 @@ func TestLeasesSpendResultTokens(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			ls, _ := newTestLeases()
 			ls.Credit(&b, []int64{whole(20)}, c.view, nil, leaseT0)
-			results, _, paid := ls.Spend([]LeaseBucket[string]{b}, 1, now, 0, true, false)
+			results, _, paid := ls.Spend([]LeaseBucket[string]{b}, 1, now, 0, true)
 			if !paid {
 				t.Fatal("not paid")
 			}
@@ -240,7 +240,7 @@ func TestLeasesCascade(t *testing.T) {
 			if c.grantOther > 0 {
 				ls.Credit(&bs[1], []int64{c.grantOther}, nil, nil, leaseT0)
 			}
-			results, _, paid := ls.Spend(bs, 2, leaseT0+1, 0, true, false)
+			results, _, paid := ls.Spend(bs, 2, leaseT0+1, 0, true)
 			if paid != c.wantPaid {
 				t.Fatalf("paid = %v, want %v", paid, c.wantPaid)
 			}
@@ -281,9 +281,9 @@ func TestLeaseStats(t *testing.T) {
 			leaseStatsSnap{Leased: uint64(whole(30)), Outstanding: whole(30)}},
 		{"a call nobody took the answer of", func() { ls.Add(&b, []int64{whole(1), whole(3)}, leaseT0) },
 			leaseStatsSnap{Leased: uint64(whole(34)), Outstanding: whole(34)}},
-		{"a call paid", func() { ls.Spend([]LeaseBucket[string]{b}, 2, leaseT0+1, 0, true, false) },
+		{"a call paid", func() { ls.Spend([]LeaseBucket[string]{b}, 2, leaseT0+1, 0, true) },
 			leaseStatsSnap{Leased: uint64(whole(34)), Outstanding: whole(30)}},
-		{"an unpaid call", func() { ls.Spend([]LeaseBucket[string]{b}, 50, leaseT0+1, 0, true, false) },
+		{"an unpaid call", func() { ls.Spend([]LeaseBucket[string]{b}, 50, leaseT0+1, 0, true) },
 			leaseStatsSnap{Leased: uint64(whole(34)), Outstanding: whole(30)}},
 		{"a withdrawal", func() { withdrawn = ls.Withdraw(&b) },
 			leaseStatsSnap{Leased: uint64(whole(34)), Outstanding: 0}},
@@ -325,15 +325,15 @@ func TestLeasesRenew(t *testing.T) {
 		ls, _ := newTestLeases()
 		ls.Credit(&b, []int64{whole(10)}, nil, nil, leaseT0)
 		for i := range 4 {
-			if _, renew, _ := ls.Spend(bs, 1, leaseT0+int64(i), 0, true, false); renew != nil {
+			if _, renew, _ := ls.Spend(bs, 1, leaseT0+int64(i), 0, true); renew != nil {
 				t.Fatalf("renewal asked with %d of 10 tokens left", 9-i)
 			}
 		}
-		_, renew, paid := ls.Spend(bs, 1, leaseT0+5, 0, true, false)
+		_, renew, paid := ls.Spend(bs, 1, leaseT0+5, 0, true)
 		if !paid || !slices.Equal(leaseKeys(renew), []string{"k"}) || !ls.Busy() {
 			t.Fatalf("at 5 of 10 tokens: paid %v, renew %v, busy %v; want a renewal", paid, renew, ls.Busy())
 		}
-		if _, renew, _ := ls.Spend(bs, 1, leaseT0+6, 0, true, false); renew != nil {
+		if _, renew, _ := ls.Spend(bs, 1, leaseT0+6, 0, true); renew != nil {
 			t.Fatal("a second renewal while the first is under way")
 		}
 		if ls.StartRenewal(&b) {
@@ -343,7 +343,7 @@ func TestLeasesRenew(t *testing.T) {
 		if ls.Busy() {
 			t.Fatal("busy after Idle")
 		}
-		if _, renew, _ := ls.Spend(bs, 1, leaseT0+7, 0, true, false); len(renew) != 1 {
+		if _, renew, _ := ls.Spend(bs, 1, leaseT0+7, 0, true); len(renew) != 1 {
 			t.Fatal("a lease still low after its renewal finished is not renewed")
 		}
 		ls.Idle("k")
@@ -357,11 +357,11 @@ func TestLeasesRenew(t *testing.T) {
 		ls.Credit(&b, []int64{whole(100)}, nil, nil, leaseT0)
 		// One call over the policy's window reads as about a millitoken
 		// a ms: 99 tokens last 99 s, less than three round trips of 40 s.
-		if _, renew, _ := ls.Spend(bs, 1, leaseT0+1, 40_000, true, false); len(renew) != 1 {
+		if _, renew, _ := ls.Spend(bs, 1, leaseT0+1, 40_000, true); len(renew) != 1 {
 			t.Fatal("a lease that would run out before its renewal is back is not renewed")
 		}
 		ls.Idle("k")
-		if _, renew, _ := ls.Spend(bs, 1, leaseT0+2, 10, true, false); renew != nil {
+		if _, renew, _ := ls.Spend(bs, 1, leaseT0+2, 10, true); renew != nil {
 			t.Fatal("renewed with most of the lease left and a near store")
 		}
 	})
@@ -369,7 +369,7 @@ func TestLeasesRenew(t *testing.T) {
 	t.Run("a lease granted nothing is not renewed ahead", func(t *testing.T) {
 		ls, _ := newTestLeases()
 		ls.Add(&b, []int64{whole(2)}, leaseT0)
-		if _, renew, paid := ls.Spend(bs, 2, leaseT0+1, 1000, true, false); !paid || renew != nil {
+		if _, renew, paid := ls.Spend(bs, 2, leaseT0+1, 1000, true); !paid || renew != nil {
 			t.Fatalf("paid %v, renew %v; want paid, no renewal", paid, renew)
 		}
 	})
@@ -455,7 +455,7 @@ func TestLeasesTokensUnderOtherLimitsWait(t *testing.T) {
 	old := leaseOn("k", testLimit("rpm", 100, 100))
 	now := leaseOn("k", testLimit("rpm", 100, 200)) // same name, new burst
 	ls.Credit(&old, []int64{whole(10)}, nil, nil, leaseT0)
-	if _, _, paid := ls.Spend([]LeaseBucket[string]{now}, 1, leaseT0+1, 0, true, false); paid {
+	if _, _, paid := ls.Spend([]LeaseBucket[string]{now}, 1, leaseT0+1, 0, true); paid {
 		t.Fatal("paid from tokens taken under other limits")
 	}
 	if got := ls.Peek(&old); !slices.Equal(got, []int64{whole(10)}) {
@@ -475,7 +475,7 @@ func TestLeasesTokensUnderOtherLimitsWait(t *testing.T) {
 		t.Fatalf("Withdraw under the new limits = %v, want the 10 tokens", got)
 	}
 	ls.Credit(&now, []int64{whole(5)}, nil, nil, leaseT0+2)
-	if _, _, paid := ls.Spend([]LeaseBucket[string]{now}, 1, leaseT0+3, 0, true, false); !paid {
+	if _, _, paid := ls.Spend([]LeaseBucket[string]{now}, 1, leaseT0+3, 0, true); !paid {
 		t.Fatal("a lease folded and granted under the new limits does not pay")
 	}
 	if got := snapStats(stats); got != (leaseStatsSnap{Leased: uint64(whole(15)), Outstanding: whole(4)}) {
@@ -497,7 +497,7 @@ func TestLeasesExpiry(t *testing.T) {
 		{"at two horizons", func(*Leases[string]) {}, expires, false},
 		{"after", func(*Leases[string]) {}, expires + testHorizon, false},
 		{"spending does not extend it", func(ls *Leases[string]) {
-			ls.Spend(bs, 1, expires-10, 0, true, false)
+			ls.Spend(bs, 1, expires-10, 0, true)
 		}, expires, false},
 		{"a grant does", func(ls *Leases[string]) {
 			ls.Credit(&b, []int64{whole(1)}, nil, nil, leaseT0+testHorizon)
@@ -514,7 +514,7 @@ func TestLeasesExpiry(t *testing.T) {
 			ls, _ := newTestLeases()
 			ls.Credit(&b, []int64{whole(10)}, nil, nil, leaseT0)
 			c.setup(ls)
-			if _, _, paid := ls.Spend(bs, 1, c.at, 0, true, false); paid != c.wantPaid {
+			if _, _, paid := ls.Spend(bs, 1, c.at, 0, true); paid != c.wantPaid {
 				t.Fatalf("paid = %v at %+d ms, want %v", paid, c.at-leaseT0, c.wantPaid)
 			}
 		})
@@ -532,30 +532,30 @@ func TestLeasesDue(t *testing.T) {
 	}{
 		{"in use", func(ls *Leases[string]) {
 			ls.Credit(&b, []int64{whole(10)}, nil, nil, leaseT0)
-			ls.Spend(bs, 1, leaseT0+testHorizon/2, 0, true, false)
+			ls.Spend(bs, 1, leaseT0+testHorizon/2, 0, true)
 		}, leaseT0 + testHorizon, nil},
 		{"idle for a horizon", func(ls *Leases[string]) {
 			ls.Credit(&b, []int64{whole(10)}, nil, nil, leaseT0)
-			ls.Spend(bs, 1, leaseT0+1, 0, true, false)
+			ls.Spend(bs, 1, leaseT0+1, 0, true)
 		}, leaseT0 + 1 + testHorizon, []string{"k"}},
 		{"idle a ms short of a horizon", func(ls *Leases[string]) {
 			ls.Credit(&b, []int64{whole(10)}, nil, nil, leaseT0)
-			ls.Spend(bs, 1, leaseT0+1, 0, true, false)
+			ls.Spend(bs, 1, leaseT0+1, 0, true)
 		}, leaseT0 + testHorizon, nil},
 		// A call the lease turned away is a use of it too.
 		{"asked, not paid", func(ls *Leases[string]) {
 			ls.Credit(&b, []int64{whole(1)}, nil, nil, leaseT0)
-			ls.Spend(bs, 5, leaseT0+testHorizon/2, 0, true, false)
+			ls.Spend(bs, 5, leaseT0+testHorizon/2, 0, true)
 		}, leaseT0 + testHorizon, nil},
 		{"expired while in use", func(ls *Leases[string]) {
 			ls.Credit(&b, []int64{whole(100)}, nil, nil, leaseT0)
 			for at := leaseT0; at < leaseT0+2*testHorizon; at += testHorizon / 4 {
-				ls.Spend(bs, 1, at, 0, true, false)
+				ls.Spend(bs, 1, at, 0, true)
 			}
 		}, leaseT0 + 2*testHorizon, []string{"k"}},
 		{"empty", func(ls *Leases[string]) {
 			ls.Credit(&b, []int64{whole(1)}, nil, nil, leaseT0)
-			ls.Spend(bs, 1, leaseT0, 0, true, false)
+			ls.Spend(bs, 1, leaseT0, 0, true)
 		}, leaseT0 + 3*testHorizon, nil},
 		{"busy", func(ls *Leases[string]) {
 			ls.Credit(&b, []int64{whole(10)}, nil, nil, leaseT0)
@@ -599,7 +599,7 @@ func TestLeasesDueForgetsEmptyLeases(t *testing.T) {
 	shared := &testView{states: map[string]bucket.State{"rpm": {Consumed: whole(5)}}, config: empty.FP}
 	written := []bucket.State{{Consumed: whole(1)}}
 	ls.Credit(&empty, []int64{whole(1)}, shared, written, leaseT0)
-	ls.Spend([]LeaseBucket[string]{empty}, 1, leaseT0+1, 0, true, false)
+	ls.Spend([]LeaseBucket[string]{empty}, 1, leaseT0+1, 0, true)
 	ls.Idle("empty") // the renewal its last token asked for granted nothing
 	shared.config = full.FP
 	ls.Credit(&full, []int64{whole(1)}, shared, written, leaseT0+1)
@@ -636,7 +636,7 @@ func TestLeasesOutrun(t *testing.T) {
 	b := leaseOn("k", testLimit("rpm", 100, 100))
 	bs := []LeaseBucket[string]{b}
 	granted := func(ls *Leases[string]) { ls.Credit(&b, []int64{whole(2)}, nil, nil, leaseT0) }
-	dry := func(ls *Leases[string]) { ls.Spend(bs, 5, leaseT0+1, 0, true, false) }
+	dry := func(ls *Leases[string]) { ls.Spend(bs, 5, leaseT0+1, 0, true) }
 	busy := func(ls *Leases[string]) { ls.StartRenewal(&b) }
 	cases := []struct {
 		name  string
@@ -654,7 +654,7 @@ func TestLeasesOutrun(t *testing.T) {
 		{"nothing on the way", []func(*Leases[string]){granted, dry}, bs, leaseT0 + 2, false},
 		{"expired", []func(*Leases[string]){granted, dry, busy}, bs, leaseT0 + 2*testHorizon, false},
 		{"a call handed back from a batch does not make it dry", []func(*Leases[string]){granted, busy, func(ls *Leases[string]) {
-			ls.Spend(bs, 5, leaseT0+1, 0, false, false)
+			ls.Spend(bs, 5, leaseT0+1, 0, false)
 		}}, bs, leaseT0 + 2, false},
 		{"the grant landed", []func(*Leases[string]){granted, dry, busy, func(ls *Leases[string]) {
 			ls.Credit(&b, []int64{whole(2)}, nil, nil, leaseT0+2)
@@ -683,7 +683,7 @@ func TestLeasesBeyond(t *testing.T) {
 	b := leaseOn("k", testLimit("rpm", 100, 100))
 	bs := []LeaseBucket[string]{b}
 	granted := func(ls *Leases[string]) { ls.Credit(&b, []int64{whole(2)}, nil, nil, leaseT0) }
-	spentByOthers := func(ls *Leases[string]) { ls.Spend(bs, 2, leaseT0+1, 0, true, false) } // paid: no dry mark
+	spentByOthers := func(ls *Leases[string]) { ls.Spend(bs, 2, leaseT0+1, 0, true) } // paid: no dry mark
 	cases := []struct {
 		name              string
 		setup             []func(ls *Leases[string])
@@ -698,7 +698,7 @@ func TestLeasesBeyond(t *testing.T) {
 		{"spent by others, no renewal under way: one is started, outrun", []func(*Leases[string]){granted, spentByOthers, func(ls *Leases[string]) { ls.Idle(b.Key) }}, bs, false, true, 1, 1},
 		// Spending it all started a renewal already.
 		{"spent by others, a renewal under way: outrun", []func(*Leases[string]){granted, spentByOthers}, bs, false, true, 1, 0},
-		{"never granted: neither, after every try", []func(*Leases[string]){func(ls *Leases[string]) { ls.Spend(bs, 1, leaseT0, 0, true, false) }}, bs, false, false, beyondReachTries, 1},
+		{"never granted: neither, after every try", []func(*Leases[string]){func(ls *Leases[string]) { ls.Spend(bs, 1, leaseT0, 0, true) }}, bs, false, false, beyondReachTries, 1},
 		{"a key never seen: neither", nil, bs, false, false, beyondReachTries, 1},
 		{"asked under other limits: neither", []func(*Leases[string]){granted, spentByOthers},
 			[]LeaseBucket[string]{leaseOn("k", testLimit("rpm", 100, 200))}, false, false, beyondReachTries, 0},
@@ -748,7 +748,7 @@ func TestLeasesAtLimit(t *testing.T) {
 	wrote := func(grant, tokens int64) func(*Leases[string]) {
 		return func(ls *Leases[string]) { ls.Credit(&b, []int64{grant}, left(tokens), nil, leaseT0) }
 	}
-	spent := func(ls *Leases[string]) { ls.Spend(bs, 2, leaseT0+1, rtt, true, false) }
+	spent := func(ls *Leases[string]) { ls.Spend(bs, 2, leaseT0+1, rtt, true) }
 	// others: a write that found another replica's taking since its view.
 	others := func(ls *Leases[string]) {
 		ls.Credit(&b, nil, &testView{states: map[string]bucket.State{"rpm": {Tokens: 0, Consumed: whole(5), Clock: leaseT0}}, config: b.FP},
@@ -852,7 +852,7 @@ func TestLeasesAsks(t *testing.T) {
 		ls, _ := newTestLeases()
 		ls.Credit(&b, []int64{whole(100)}, nil, nil, leaseT0)
 		for i := range 20 {
-			if _, _, paid := ls.Spend(bs, 1, leaseT0+int64(i/4), 0, true, false); !paid {
+			if _, _, paid := ls.Spend(bs, 1, leaseT0+int64(i/4), 0, true); !paid {
 				t.Fatal("not paid")
 			}
 		}
@@ -865,7 +865,7 @@ func TestLeasesAsks(t *testing.T) {
 		spread, _ := newTestLeases()
 		spread.Credit(&b, []int64{whole(100)}, nil, nil, leaseT0)
 		for i := range 20 {
-			spread.Spend(bs, 1, leaseT0+int64(i)*500, 0, true, false)
+			spread.Spend(bs, 1, leaseT0+int64(i)*500, 0, true)
 		}
 		if s := spread.Asks(&b, nil, leaseT0+10_000, 0); !(s[0].Own < a[0].Own/10) {
 			t.Fatalf("the same calls over 10 s read %v, the burst %v: want far less", s[0].Own, a[0].Own)
@@ -875,7 +875,7 @@ func TestLeasesAsks(t *testing.T) {
 	t.Run("held", func(t *testing.T) {
 		ls, _ := newTestLeases()
 		ls.Credit(&b, []int64{whole(7)}, nil, nil, leaseT0)
-		ls.Spend(bs, 2, leaseT0+1, 0, true, false)
+		ls.Spend(bs, 2, leaseT0+1, 0, true)
 		if a := ls.Asks(&b, nil, leaseT0+1, 0); a[0].Held != whole(5) {
 			t.Fatalf("Held = %d, want %d", a[0].Held, whole(5))
 		}
@@ -890,8 +890,8 @@ func TestLeasesAsks(t *testing.T) {
 		dryLs.Credit(&b, []int64{whole(1)}, nil, nil, leaseT0)
 		for i := range 11 {
 			at := leaseT0 + 1 + int64(i/5)
-			paid.Spend(bs, 1, at, 0, true, false)
-			dryLs.Spend(bs, 1, at, 0, true, false)
+			paid.Spend(bs, 1, at, 0, true)
+			dryLs.Spend(bs, 1, at, 0, true)
 		}
 		// Read over a round trip of 100 ms the calls are 100 a second;
 		// the ten turned away within 2 ms, over unmetWindow ms, are a
@@ -971,7 +971,7 @@ func TestLeasesWants(t *testing.T) {
 	nearlyEmpty := &testView{states: map[string]bucket.State{"rpm": {Tokens: whole(2), Clock: leaseT0 + 100}}, config: b.FP}
 	wantsRTT := func(view BucketView, rtt int64) []int64 {
 		ls, _ := newTestLeases()
-		ls.Spend([]LeaseBucket[string]{b}, 1, leaseT0+100, 0, true, false)
+		ls.Spend([]LeaseBucket[string]{b}, 1, leaseT0+100, 0, true)
 		ls.Credit(&b, nil, view, nil, leaseT0+100)
 		return ls.Wants(&b, []int64{whole(1)}, leaseT0+100, rtt)
 	}
@@ -1028,7 +1028,7 @@ func TestLeasesShort(t *testing.T) {
 	}
 	for _, c := range cases {
 		ls, _ := newTestLeases()
-		ls.Spend(bs, 1, leaseT0+100, 0, true, false)
+		ls.Spend(bs, 1, leaseT0+100, 0, true)
 		ls.Credit(&b, nil, c.view, nil, leaseT0+100)
 		if got := ls.Short(bs, leaseT0+100, c.rtt); got != c.want {
 			t.Errorf("%s: Short = %v, want %v", c.name, got, c.want)
@@ -1053,7 +1053,7 @@ func TestLeasesConcurrentCascades(t *testing.T) {
 			wg.Go(func() {
 				<-start
 				for i := range calls {
-					if results, _, paid := ls.Spend(bs, 1, leaseT0+int64(i), 0, true, false); paid {
+					if results, _, paid := ls.Spend(bs, 1, leaseT0+int64(i), 0, true); paid {
 						for _, r := range results {
 							spent[g] += r.Cost
 						}
@@ -1450,7 +1450,7 @@ func simulateLeases(t *testing.T, seed uint64, steps int) {
 			}
 			arriving := r.IntN(5) > 0
 			wantPaid, wantRenew := m.spend(bs, hits, now, arriving)
-			results, renew, paid := ls.Spend(bs, hits, now, 0, arriving, false)
+			results, renew, paid := ls.Spend(bs, hits, now, 0, arriving)
 			log = append(log, fmt.Sprintf("%d: Spend(%v, %d hits, arriving %v) = paid %v renew %v", now-leaseT0, leaseKeys(bs), hits, arriving, paid, leaseKeys(renew)))
 			if paid != wantPaid {
 				fail(step, "Spend paid = %v, the model says %v", paid, wantPaid)
@@ -1716,7 +1716,7 @@ func TestChargingDrainsTheLease(t *testing.T) {
 	ls.Credit(&b, []int64{whole(5), whole(30)}, nil, nil, leaseT0)
 	bs := []LeaseBucket[string]{b}
 	req := &Request{Hits: 50, Charge: true}
-	if _, _, paid := ls.Spend(bs, 50, leaseT0, 0, true, true); paid {
+	if _, _, paid := ls.Spend(bs, 50, leaseT0, 0, true); paid {
 		t.Fatal("a lease of 30 tokens paid a charge of 50")
 	}
 	got := ls.Charging(bs, req, leaseT0)

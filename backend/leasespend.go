@@ -85,17 +85,12 @@ func (ls *Leases[K]) ownRate(h *holding, j int, now, rtt int64) float64 {
 // asked, so that a replica whose lease runs dry at the limit still sees
 // how much more it is asked than it gets. bs holds one bucket, or two
 // (a cascade), locked in the order of NewLeases' less.
-//
-// A call that is not a charge pays from what the lease holds free of
-// the set-asides of the checks before it, and sets aside in turn what a
-// charge on the bucket costs on average (leasereserve.go); a charge
-// (Charged told of it first) pays from all the lease holds.
-func (ls *Leases[K]) Spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, arriving, charge bool) (results []bucket.Result, renew []LeaseBucket[K], paid bool) {
+func (ls *Leases[K]) Spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, arriving bool) (results []bucket.Result, renew []LeaseBucket[K], paid bool) {
 	mode := handedBack
 	if arriving {
 		mode = arrivingCall
 	}
-	results, renew, paid, _ = ls.spend(bs, hits, now, rtt, mode, charge)
+	results, renew, paid, _ = ls.spend(bs, hits, now, rtt, mode)
 	return results, renew, paid
 }
 
@@ -115,7 +110,7 @@ const beyondReachTries = 3
 func (ls *Leases[K]) Beyond(bs []LeaseBucket[K], hits uint64, now, rtt int64, renew func()) (results []bucket.Result, low []LeaseBucket[K], paid, outrun bool) {
 	for range beyondReachTries {
 		renew()
-		if results, low, paid, outrun = ls.spend(bs, hits, now, rtt, beyondReach, false); paid || outrun {
+		if results, low, paid, outrun = ls.spend(bs, hits, now, rtt, beyondReach); paid || outrun {
 			return results, low, paid, outrun
 		}
 	}
@@ -152,7 +147,7 @@ func (ls *Leases[K]) AtLimit(bs []LeaseBucket[K], hits uint64, now, rtt int64, r
 	if renew != nil && (ls.shared(bs, now) || regional(bs)) {
 		renew()
 	}
-	return ls.spend(bs, hits, now, rtt, atLimit, false)
+	return ls.spend(bs, hits, now, rtt, atLimit)
 }
 
 // heldDrained reports whether some bucket of bs is held drained while
@@ -311,7 +306,7 @@ const (
 	atLimit
 )
 
-func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mode spendMode, charge bool) (results []bucket.Result, renew []LeaseBucket[K], paid, outrun bool) {
+func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mode spendMode) (results []bucket.Result, renew []LeaseBucket[K], paid, outrun bool) {
 	arriving := mode == arrivingCall
 	tau, window := ls.Horizon(), ls.policy.WindowMs()
 	order := ls.lockOrder(bs)
@@ -337,31 +332,11 @@ func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mod
 			h.used = max(h.used, now)
 		}
 	}
-	var asides [2][]int64
 	for i := range bs {
 		h := hs[i]
 		ok := h.matches(bs[i].Res, bs[i].FP) && now < h.expires
-		if ok && !charge {
-			h.lapse(now)
-		}
 		for j, l := range bs[i].Res.Limits {
-			if !ok {
-				break
-			}
-			c := bucket.Cost(l, hits)
-			if charge {
-				ok = h.tokens[j] >= max(c, 1)
-				continue
-			}
-			if a := h.setAside(j, now, tau); a > 0 {
-				if asides[i] == nil {
-					asides[i] = make([]int64, len(bs[i].Res.Limits))
-				}
-				asides[i][j] = a
-				c += a
-			}
-			// A check too needs a token: at zero a limit denies it.
-			ok = h.free(j) >= max(c, 1)
+			ok = ok && h.tokens[j] >= max(bucket.Cost(l, hits), 1) // a check too needs a token: at zero a limit denies it
 		}
 		ok = ok && !h.inDebt(bs[i].Res, bs[i].FP, now)
 		if !ok {
@@ -417,15 +392,12 @@ func (ls *Leases[K]) spend(bs []LeaseBucket[K], hits uint64, now, rtt int64, mod
 		}
 		h.used = now
 		ls.stats.LeaseOutstanding.Add(-spent)
-		if asides[i] != nil {
-			h.reserve(asides[i], now)
-		}
 		if h.busy {
 			continue
 		}
 		due := h.viewStale(b.FP, now, rtt, tau)
 		for j := range h.tokens {
-			due = due || lease.Renew(h.free(j), h.granted[j], h.own[j].Arriving(now, tau, window), rtt)
+			due = due || lease.Renew(h.tokens[j], h.granted[j], h.own[j].Arriving(now, tau, window), rtt)
 		}
 		if due {
 			h.busy, h.renewing = true, true

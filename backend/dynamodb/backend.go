@@ -458,7 +458,7 @@ func (b *Backend) decideOn(ctx context.Context, req *backend.Request, ts []targe
 	// its remaining count includes the lease like any other answer's.
 	leased := b.leases != nil && !req.Refund && !req.Bulk
 	if leased && req.Charge {
-		b.leases.Charged(leasedAll(ts), req.Hits, began)
+		b.leases.Charged(leasedAll(ts), began)
 	}
 	if leased {
 		if d, ok := b.spend(ts, req, level, true); ok {
@@ -755,19 +755,11 @@ func (b *Backend) markShared(ts []target) {
 	}
 	now := b.now()
 	for i := range ts {
-		// A bucket seen shared within two horizons (how long a lease's
-		// bookkeeping is remembered) probably still is, and one with a
-		// TTL within it: others' writes keep it alive that long after
-		// each. A bucket that never expires is shared as any other (its
-		// checks that pass are read again, passedOnOld): on one with no
-		// TTL (an operator's limits, the rules of a file) a replica
-		// otherwise passed checks on its own old copy while the others'
-		// charges ran the bucket into debt.
-		since := now - 2*b.leases.Horizon()
-		if ttl, ok := backend.BucketTTL(ts[i].res, b.opts.TTLMultiplier); ok {
-			since = min(since, now-ttl)
-		}
-		ts[i].shared = b.leases.SharedSince(ts[i].key, since)
+		// Others' writes keep it alive for a TTL after each; a bucket
+		// seen shared within two horizons (how long a lease's
+		// bookkeeping is remembered) probably still is.
+		ttl, ok := backend.BucketTTL(ts[i].res, b.opts.TTLMultiplier)
+		ts[i].shared = ok && b.leases.SharedSince(ts[i].key, now-max(ttl, 2*b.leases.Horizon()))
 	}
 }
 
@@ -855,15 +847,8 @@ func (b *Backend) refresh(ctx context.Context, ts []target) error {
 			return fmt.Errorf("reading bucket %q/%q: %w", ts[i].key.entity, ts[i].key.resource, err)
 		}
 		b.stats.consumedRead(out.ConsumedCapacity)
-		was, known := b.seen.Peek(ts[i].key)
 		if err := b.saw(&ts[i], out.Item); err != nil {
 			return err
-		}
-		if it := ts[i].item; it != nil && (!known || was.item == nil || consumedMore(it, was.item)) {
-			// Reads take nothing: tokens consumed since this replica's
-			// last sight of the item, or an item it never wrote, are
-			// another writer's.
-			b.othersWrote(ts[i].key)
 		}
 	}
 	return nil
@@ -884,35 +869,8 @@ func (b *Backend) unseen(k bucketKey) bool { return !b.seen.Contains(k) }
 
 func (b *Backend) readAlong(k bucketKey, av map[string]types.AttributeValue) {
 	if it, err := decodeBucket(av); err == nil {
-		if found, _ := b.seen.ContainsOrAdd(k, seenItem{item: it, at: b.now()}); !found && it != nil {
-			// An item this replica has not seen was written by another
-			// (or by this one before a restart).
-			b.othersWrote(k)
-		}
+		b.seen.ContainsOrAdd(k, seenItem{item: it, at: b.now()})
 	}
-}
-
-// othersWrote records that another writer changed k's bucket lately (a
-// lost race, or a read of what this replica did not write): its views
-// are then copies others may have spent since (markShared).
-func (b *Backend) othersWrote(k bucketKey) {
-	if b.leases != nil {
-		b.leases.OthersWrote(k, b.now())
-	}
-}
-
-// consumedMore reports whether it, under the same limits as was, counts
-// more consumed than was for some limit.
-func consumedMore(it, was *bucketItem) bool {
-	if it.cfg != was.cfg || len(it.states) != len(was.states) {
-		return false
-	}
-	for i := range it.states {
-		if it.states[i].Consumed > was.states[i].Consumed {
-			return true
-		}
-	}
-	return false
 }
 
 func (b *Backend) itemKey(k bucketKey) map[string]types.AttributeValue {

@@ -137,7 +137,7 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 		}
 		now := b.now()
 		write, needView := decideCalls(ts, live, now)
-		if (needView && !b.recentEnough(ts, now)) || (write && b.readFirst(ts, live, now)) || b.passedOnOld(ts, live, now) {
+		if (needView && !b.recentEnough(ts, now)) || (write && b.readFirst(ts, live, now)) || b.passedOnOld(ts, live) {
 			// Decided on a view too old to trust for a denial (a refund or
 			// a raised limit elsewhere), for a bulk take's write on a
 			// bucket others write, or for a check that passed on a view
@@ -188,7 +188,6 @@ func (b *Backend) decideBatch(ctx context.Context, ts []target, batch []*call) {
 		b.stats.ConditionRetries.Add(1)
 		for i := range ts {
 			b.raced.Add(ts[i].key, now)
-			b.othersWrote(ts[i].key)
 			ts[i].lostRace = true
 		}
 		if unsure(ts, live) {
@@ -693,26 +692,15 @@ func fail(calls []*call, err error) {
 	}
 }
 
-// maxPassAge is the oldest (ms) a view of a bucket that charges come to
-// may be for a check to pass on it without reading the bucket again
-// (passedOnOld), whoever else writes it.
-const maxPassAge = 100
-
 // passedOnOld reports whether a check among calls passed on a view of
 // ts the table did not give during this batch, where other replicas may
-// have written since: they were seen to lately, this replica has no
-// leases to tell, or charges come to the bucket and the view is older
-// than maxPassAge. A gateway that charges after the response forwards a
+// have written since (they were seen to lately, or this replica has no
+// leases to tell). A gateway that charges after the response forwards a
 // request on a check that passes: passed on a refilled view while others
 // charged the bucket into debt, checks would let requests through
-// without bound. Where a request's charge may go to another replica
-// than its check, a replica that checks can see no sign of the others:
-// its own writes find nobody (the charges of the requests it admits
-// land elsewhere), so on a bucket that charges come to its view is read
-// again once it is a tenth of a second old. A check denied on such a
-// view stands (others only take tokens), and one on a bucket this
-// replica alone writes is exact.
-func (b *Backend) passedOnOld(ts []target, calls []*call, now int64) bool {
+// without bound. A check denied on such a view stands (others only take
+// tokens), and one on a bucket this replica alone writes is exact.
+func (b *Backend) passedOnOld(ts []target, calls []*call) bool {
 	passed := false
 	for _, c := range calls {
 		passed = passed || (c.kind == decide && c.allowed && c.req.Hits == 0 && !c.req.Refund)
@@ -721,13 +709,7 @@ func (b *Backend) passedOnOld(ts []target, calls []*call, now int64) bool {
 		return false
 	}
 	for i := range ts {
-		if ts[i].fresh {
-			continue
-		}
-		if ts[i].shared || b.leases == nil {
-			return true
-		}
-		if now-ts[i].seenAt > maxPassAge && b.leases.ChargedSince(ts[i].key, now-2*b.leases.Horizon()) {
+		if !ts[i].fresh && (ts[i].shared || b.leases == nil) {
 			return true
 		}
 	}

@@ -76,7 +76,7 @@ func (b *Backend) background(ctx context.Context, t target, kind callKind) {
 // leaves low. arriving: the call has just come (not handed back from a
 // batch), and counts as demand whether the lease pays it or not.
 func (b *Backend) spend(ts []target, req *backend.Request, level backend.Level, arriving bool) (backend.Decision, bool) {
-	results, renew, paid := b.leases.Spend(leasedAll(ts), req.Hits, b.now(), b.rtt.Ms(), arriving, req.Charge && !req.Refund)
+	results, renew, paid := b.leases.Spend(leasedAll(ts), req.Hits, b.now(), b.rtt.Ms(), arriving)
 	if !paid {
 		return backend.Decision{}, false
 	}

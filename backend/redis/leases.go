@@ -77,10 +77,10 @@ func (b *Backend) leasedDecide(ctx context.Context, req *backend.Request, res []
 	charge := req.Charge && !req.Refund
 	paying := !req.Refund && req.Hits > 0 && !charge
 	if charge {
-		b.leases.Charged(lbs, req.Hits, now)
+		b.leases.Charged(lbs, now)
 	}
 	if !req.Refund {
-		if results, renew, paid := b.leases.Spend(lbs, req.Hits, now, rtt, true, charge); paid {
+		if results, renew, paid := b.leases.Spend(lbs, req.Hits, now, rtt, true); paid {
 			b.renew(renew)
 			b.stats.LocalAnswers.Add(1)
 			return backend.Decision{Allowed: true, Limits: limits, Results: results,
