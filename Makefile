@@ -83,7 +83,7 @@ bench-redis:
 # 70ms puts them in another region.
 CHARGE_DELAY ?= 5ms
 
-## bench-charges: the charge storms of BENCHMARKS.md: 20 clients each checking, waiting 50 ms, then charging 100 tokens after the response, on one tenant's token limit for 20 s, on memory, then 3 replicas CHARGE_DELAY (5ms) from DynamoDB Local, then 3 on one redis-server, each also on a global limit's regional part; then the three gateways' patterns through the gRPC service, 20 s each on both stores (SLUICE_CROSS_REPLICA_CHARGES=1: each request's charge on another replica than its check) (about 5 minutes; needs Java and redis-server)
+## bench-charges: the charge storms of BENCHMARKS.md: 20 clients each checking, waiting 50 ms, then charging 100 tokens after the response, on one tenant's token limit for 20 s, on memory, then 3 replicas CHARGE_DELAY (5ms) from DynamoDB Local, then 3 on one redis-server, each also on a global limit's regional part; then the three gateways' patterns through the gRPC service, 20 s each on both stores (with SLUICE_CROSS_REPLICA_CHARGES=1 set, each request's charge goes to another replica than its check) (about 5 minutes; needs Java and redis-server)
 bench-charges: dynamodb-local
 	SLUICE_CHARGE_RUN=20s SLUICE_CHARGE_DELAY=$(CHARGE_DELAY) CI=true $(GO) test -p 1 -count=1 -run '^TestChargesHoldTheBound(InARegion)?$$' -v ./backend/memory ./backend/dynamodb ./backend/redis
 	SLUICE_CHARGE_RUN=20s SLUICE_CHARGE_DELAY=$(CHARGE_DELAY) CI=true $(GO) test -count=1 -run '^TestGatewayChargeStormsOnTheStores$$' -v ./ratelimit
